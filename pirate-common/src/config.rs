@@ -1,0 +1,40 @@
+//! Datapath parameters, written once by pirated into the `CONFIG` array map before attaching.
+
+/// Leave pure TCP ACKs (ACK flag, no payload) out of the gap stream (Pirate §3.4, first heuristic).
+pub const FLAG_SKIP_PURE_ACKS: u32 = 1 << 0;
+/// Mark gaps that follow a non-full-size packet as inter-batch-gap candidates (§3.4, second heuristic).
+pub const FLAG_MARK_AFTER_SHORT: u32 = 1 << 1;
+
+/// A payload is "full size" only if it is at least this long and as long as the largest payload
+/// seen on the flow: below it the flow never sends MSS-sized segments and every packet ends a batch.
+pub const MIN_FULL_PAYLOAD: u16 = 536;
+
+/// Gaps are kept in nanoseconds as `u32`; longer ones (> 4.29 s) are idle periods and saturate.
+pub const MAX_GAP_NS: u64 = u32::MAX as u64;
+
+/// Modes a flow state can hold in the compact layout (the default N = 10 fits).
+pub const MODES_COMPACT: usize = 10;
+/// Modes a flow state can hold in the wide layout (N up to 16).
+pub const MODES_WIDE: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Alg. 1: a gap longer than this starts a new batch (a causal pair).
+    pub delta_ns: u64,
+    /// Gaps and causal samples at or above this are retransmission timeouts or idle periods.
+    pub idle_floor_ns: u64,
+    /// Alg. 2: a gap within ε of a mode's [min, max] joins it.
+    pub epsilon_ns: u32,
+    /// Alg. 2: at most this many modes per flow (≤ the layout's capacity).
+    pub max_modes: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+impl Params {
+    pub const fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+}

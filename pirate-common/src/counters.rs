@@ -1,0 +1,39 @@
+//! Indices of the per-CPU packet counters (`COUNTERS` map): every packet lands in exactly one
+//! outcome, plus the `EVENT_*` tallies of things that happen beside the outcome.
+
+/// The packet's gap went into its flow's modes.
+pub const MEASURED: u32 = 0;
+/// A pure TCP ACK, left out of the gap stream.
+pub const PURE_ACK: u32 = 1;
+/// Not IPv4/IPv6 (ARP, LLDP, …).
+pub const NOT_IP: u32 = 2;
+/// Truncated or inconsistent headers.
+pub const MALFORMED: u32 = 3;
+/// IP but neither TCP nor UDP, an IP fragment, or ESP: nothing to key a flow on.
+pub const UNSUPPORTED: u32 = 4;
+/// The flow table refused a new flow.
+pub const MAP_FULL: u32 = 5;
+/// First packet of a flow: a state was created, there is no gap yet.
+pub const NEW_FLOW: u32 = 6;
+/// Event: a flow's finished epoch could not be handed over (ring buffer full).
+pub const EVENT_RECORD_LOST: u32 = 7;
+/// Event: a flow's finished epoch was handed over through the ring buffer.
+pub const EVENT_RECORD_SENT: u32 = 8;
+
+pub const COUNT: u32 = 9;
+
+/// Names used for metrics labels, indexed like the constants above.
+pub const NAMES: [&str; COUNT as usize] = [
+    "measured",
+    "pure_ack",
+    "not_ip",
+    "malformed",
+    "unsupported",
+    "map_full",
+    "new_flow",
+    "record_lost",
+    "record_sent",
+];
+
+/// How many of the counters are packet outcomes (the rest are events).
+pub const OUTCOMES: u32 = 7;

@@ -1,0 +1,82 @@
+//! Flow keys and per-flow state, exactly as they sit in the `FLOWS` map.
+
+use crate::modes::Modes;
+
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// Direction-aware 5-tuple: client→server and server→client are different flows.
+/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Host byte order.
+    pub sport: u16,
+    pub dport: u16,
+    /// IP protocol number (6 TCP, 17 UDP).
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Per-flow state. Timestamps are the datapath's monotonic clock (`bpf_ktime_get_ns`, or the
+/// capture's clock in replay). The continuity fields survive an epoch change; the measurement
+/// fields (`modes`, counters) belong to `epoch` and are handed over and reset when it ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowState<const M: usize> {
+    /// Arrival of the last packet in the gap stream (0: none yet).
+    pub last_pkt_ns: u64,
+    /// Alg. 1: arrival of the first packet of the current batch.
+    pub last_batch_ns: u64,
+    /// Alg. 1 samples of this epoch below the idle floor: their sum and count.
+    pub samples_sum_ns: u64,
+    pub samples: u32,
+    /// The epoch the measurement fields belong to.
+    pub epoch: u32,
+    /// Packets of this epoch that entered the gap stream.
+    pub packets: u32,
+    /// Largest payload seen on the flow (full-size heuristic).
+    pub max_payload: u16,
+    /// Whether the last packet in the gap stream was shorter than full size.
+    pub prev_short: u8,
+    pub _pad: u8,
+    pub modes: Modes<M>,
+}
+
+impl<const M: usize> FlowState<M> {
+    pub const fn new(epoch: u32) -> Self {
+        FlowState {
+            last_pkt_ns: 0,
+            last_batch_ns: 0,
+            samples_sum_ns: 0,
+            samples: 0,
+            epoch,
+            packets: 0,
+            max_payload: 0,
+            prev_short: 0,
+            _pad: 0,
+            modes: Modes::new(),
+        }
+    }
+
+    /// Starts `epoch`: the measurement fields restart, the flow's timing continues.
+    pub fn start_epoch(&mut self, epoch: u32) {
+        self.epoch = epoch;
+        self.samples_sum_ns = 0;
+        self.samples = 0;
+        self.packets = 0;
+        self.modes.clear();
+    }
+}
+
+/// One flow's finished epoch, handed from the datapath to pirated through the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochRecord<const M: usize> {
+    pub key: FlowKey,
+    pub state: FlowState<M>,
+}

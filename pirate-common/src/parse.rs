@@ -1,0 +1,183 @@
+//! Header parsing from Ethernet to the transport header, over any byte source: XDP packet
+//! memory in the kernel, a captured frame in replay. Bounded everywhere (two VLAN tags, six
+//! IPv6 extension headers) so the verifier can follow it.
+
+use crate::{
+    flow::{FlowKey, FAMILY_V4, FAMILY_V6},
+    tracker::PacketInfo,
+};
+
+/// Bytes of a frame, read with bounds checks. The XDP implementation checks against
+/// `data_end`; the replay implementation against the slice.
+pub trait Frame {
+    /// `size_of::<T>()` bytes at `off`, or `None` past the end.
+    fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+impl Frame for [u8] {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let end = off.checked_add(core::mem::size_of::<T>())?;
+        if end > self.len() {
+            return None;
+        }
+        // SAFETY: the range was checked above; T is plain data read unaligned.
+        Some(unsafe { core::ptr::read_unaligned(self.as_ptr().add(off) as *const T) })
+    }
+}
+
+/// Why a frame yields no flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reject {
+    NotIp,
+    Malformed,
+    Unsupported,
+}
+
+const ETH_P_IPV4: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const MAX_VLAN_TAGS: usize = 2;
+const MAX_V6_EXT_HEADERS: usize = 6;
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+#[inline(always)]
+fn be16<F: Frame + ?Sized>(f: &F, off: usize) -> Option<u16> {
+    f.read::<[u8; 2]>(off).map(u16::from_be_bytes)
+}
+
+/// Parses a frame into its flow key and what the trackers need.
+#[inline(always)]
+pub fn parse<F: Frame + ?Sized>(f: &F) -> Result<(FlowKey, PacketInfo), Reject> {
+    let mut off = 12;
+    let mut ethertype = be16(f, off).ok_or(Reject::Malformed)?;
+    off += 2;
+    for _ in 0..MAX_VLAN_TAGS {
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            break;
+        }
+        ethertype = be16(f, off + 2).ok_or(Reject::Malformed)?;
+        off += 4;
+    }
+    let mut key = FlowKey::default();
+    let (l4, l4_len) = match ethertype {
+        ETH_P_IPV4 => ipv4(f, off, &mut key)?,
+        ETH_P_IPV6 => ipv6(f, off, &mut key)?,
+        _ => return Err(Reject::NotIp),
+    };
+    let info = match key.proto {
+        IPPROTO_TCP => tcp(f, l4, l4_len, &mut key)?,
+        IPPROTO_UDP => udp(f, l4, l4_len, &mut key)?,
+        _ => return Err(Reject::Unsupported),
+    };
+    Ok((key, info))
+}
+
+/// Returns the transport header's offset and the transport segment's length (header + payload),
+/// taken from the IP header: Ethernet padding must not count as payload.
+#[inline(always)]
+fn ipv4<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usize, usize), Reject> {
+    let vihl: u8 = f.read(off).ok_or(Reject::Malformed)?;
+    if vihl >> 4 != 4 {
+        return Err(Reject::Malformed);
+    }
+    let ihl = ((vihl & 0x0f) as usize) * 4;
+    let total = be16(f, off + 2).ok_or(Reject::Malformed)? as usize;
+    if ihl < 20 || total < ihl {
+        return Err(Reject::Malformed);
+    }
+    // Fragments other than a whole datagram carry no (or a partial) transport header.
+    let frag = be16(f, off + 6).ok_or(Reject::Malformed)?;
+    if frag & 0x3fff != 0 {
+        return Err(Reject::Unsupported);
+    }
+    key.proto = f.read(off + 9).ok_or(Reject::Malformed)?;
+    let addrs: [u8; 8] = f.read(off + 12).ok_or(Reject::Malformed)?;
+    key.src[..4].copy_from_slice(&addrs[..4]);
+    key.dst[..4].copy_from_slice(&addrs[4..]);
+    key.family = FAMILY_V4;
+    Ok((off + ihl, total - ihl))
+}
+
+#[inline(always)]
+fn ipv6<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usize, usize), Reject> {
+    let v: u8 = f.read(off).ok_or(Reject::Malformed)?;
+    if v >> 4 != 6 {
+        return Err(Reject::Malformed);
+    }
+    let mut remaining = be16(f, off + 4).ok_or(Reject::Malformed)? as usize;
+    let mut next: u8 = f.read(off + 6).ok_or(Reject::Malformed)?;
+    key.src = f.read(off + 8).ok_or(Reject::Malformed)?;
+    key.dst = f.read(off + 24).ok_or(Reject::Malformed)?;
+    key.family = FAMILY_V6;
+    let mut at = off + 40;
+    for _ in 0..MAX_V6_EXT_HEADERS {
+        let len = match next {
+            // Hop-by-hop, routing, destination options: (8-octet units beyond the first) + 1.
+            0 | 43 | 60 => {
+                let hdr: [u8; 2] = f.read(at).ok_or(Reject::Malformed)?;
+                next = hdr[0];
+                (hdr[1] as usize + 1) * 8
+            }
+            // Authentication header: 4-octet units, minus 2.
+            51 => {
+                let hdr: [u8; 2] = f.read(at).ok_or(Reject::Malformed)?;
+                next = hdr[0];
+                (hdr[1] as usize + 2) * 4
+            }
+            // Fragment header: fragments carry no (or a partial) transport header.
+            44 => return Err(Reject::Unsupported),
+            _ => break,
+        };
+        if len > remaining {
+            return Err(Reject::Malformed);
+        }
+        remaining -= len;
+        at += len;
+    }
+    key.proto = next;
+    Ok((at, remaining))
+}
+
+#[inline(always)]
+fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
+    let ports: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
+    let doff_flags: [u8; 2] = f.read(off + 12).ok_or(Reject::Malformed)?;
+    let hdr = ((doff_flags[0] >> 4) as usize) * 4;
+    if hdr < 20 || hdr > seg_len {
+        return Err(Reject::Malformed);
+    }
+    key.sport = u16::from_be_bytes([ports[0], ports[1]]);
+    key.dport = u16::from_be_bytes([ports[2], ports[3]]);
+    let payload = seg_len - hdr;
+    let flags = doff_flags[1];
+    let pure_ack = payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
+    Ok(PacketInfo { payload: clamp16(payload), pure_ack })
+}
+
+#[inline(always)]
+fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
+    let hdr: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
+    if seg_len < 8 {
+        return Err(Reject::Malformed);
+    }
+    key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
+    key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
+    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false })
+}
+
+#[inline(always)]
+fn clamp16(v: usize) -> u16 {
+    if v > u16::MAX as usize {
+        u16::MAX
+    } else {
+        v as u16
+    }
+}

@@ -1,0 +1,67 @@
+//! The per-packet step of a flow: Alg. 1 (fixed-threshold causal pairs) and Alg. 2 (gap modes),
+//! with the §3.4 heuristics. The XDP program and the replay both call [`on_packet`].
+
+use crate::{
+    config::{Params, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
+    flow::FlowState,
+    modes::Placed,
+};
+
+/// What a packet is, as far as the trackers care (filled in by the parser).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketInfo {
+    /// Transport payload bytes (TCP data, UDP datagram body).
+    pub payload: u16,
+    /// A TCP segment with ACK set, no payload and none of SYN, FIN, RST.
+    pub pure_ack: bool,
+}
+
+/// What one packet did to its flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Left out of the gap stream (pure ACK heuristic).
+    SkippedPureAck,
+    /// The first packet in the flow's gap stream: no gap yet.
+    First,
+    /// A gap was measured; `placed` tells whether Alg. 2 kept it.
+    Gap { gap_ns: u64, placed: Placed },
+}
+
+/// Feeds one packet arriving at `now` (ns) to its flow's state.
+pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInfo, p: &Params) -> Step {
+    if pkt.pure_ack && p.has(FLAG_SKIP_PURE_ACKS) {
+        return Step::SkippedPureAck;
+    }
+    st.packets = st.packets.saturating_add(1);
+
+    // Full size: as long as the largest payload the flow has sent, and long enough to be an MSS.
+    if pkt.payload > st.max_payload {
+        st.max_payload = pkt.payload;
+    }
+    let short = pkt.payload < st.max_payload || st.max_payload < MIN_FULL_PAYLOAD;
+    let after_short = st.prev_short != 0 || !p.has(FLAG_MARK_AFTER_SHORT);
+    st.prev_short = short as u8;
+
+    if st.last_pkt_ns == 0 || now < st.last_pkt_ns {
+        st.last_pkt_ns = now;
+        st.last_batch_ns = now;
+        return Step::First;
+    }
+    let gap_ns = now - st.last_pkt_ns;
+    st.last_pkt_ns = now;
+
+    // Alg. 1: a gap above δ ends the batch; the time since the previous batch start is a sample.
+    if gap_ns > p.delta_ns {
+        let sample = now - st.last_batch_ns;
+        st.last_batch_ns = now;
+        if sample < p.idle_floor_ns {
+            st.samples = st.samples.saturating_add(1);
+            st.samples_sum_ns = st.samples_sum_ns.saturating_add(sample);
+        }
+    }
+
+    // Alg. 2 on the gap.
+    let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
+    let placed = st.modes.insert(g, after_short, p.epsilon_ns, p.max_modes);
+    Step::Gap { gap_ns, placed }
+}

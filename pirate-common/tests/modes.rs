@@ -1,0 +1,98 @@
+//! Alg. 2 (mode maintenance) against its invariants, on arbitrary gap streams.
+
+use pirate_common::modes::{Modes, Placed, SUM_SHIFT};
+use proptest::prelude::*;
+
+fn check_invariants<const M: usize>(m: &Modes<M>, eps: u32, max_modes: u32) {
+    let len = m.len as usize;
+    assert!(len <= max_modes as usize && len <= M);
+    for i in 0..len {
+        assert!(m.min[i] <= m.max[i], "mode {i}: min > max");
+        assert!(m.count[i] > 0 && m.candidates[i] <= m.count[i]);
+        // The sum lies between count·min and count·max, up to the ±8 ns rounding per gap.
+        let sum = m.sum_ns(i) as f64;
+        let slack = m.count[i] as f64 * (1u64 << (SUM_SHIFT - 1)) as f64;
+        assert!(sum + slack >= m.count[i] as f64 * m.min[i] as f64, "mode {i}: sum below count·min");
+        assert!(sum - slack <= m.count[i] as f64 * m.max[i] as f64, "mode {i}: sum above count·max");
+    }
+    for i in 1..len {
+        // Ascending and more than ε apart: otherwise they would have been merged.
+        assert!(m.max[i - 1] as u64 + (eps as u64) < m.min[i] as u64, "modes {} and {i} lie within ε", i - 1);
+    }
+    for i in len..M {
+        assert_eq!((m.min[i], m.max[i], m.count[i], m.sum[i]), (0, 0, 0, 0), "slot {i} beyond len is not clear");
+    }
+}
+
+proptest! {
+    #[test]
+    fn invariants_hold_and_nothing_is_lost(
+        gaps in prop::collection::vec((0u32..20_000_000, any::<bool>()), 1..400),
+        eps in 0u32..200_000,
+        max_modes in 1u32..=16,
+    ) {
+        let mut m = Modes::<16>::new();
+        let mut counted = 0u64;
+        for &(g, cand) in &gaps {
+            if m.insert(g, cand, eps, max_modes) != Placed::Discarded {
+                counted += 1;
+            }
+            check_invariants(&m, eps, max_modes);
+        }
+        let total: u64 = (0..m.len as usize).map(|i| m.count[i] as u64).sum();
+        prop_assert_eq!(total, counted);
+        prop_assert_eq!(total + m.discarded as u64, gaps.len() as u64);
+    }
+
+    /// With room for every distinct cluster, no gap is discarded and every gap is in the mode
+    /// whose range holds it.
+    #[test]
+    fn gaps_land_in_the_mode_that_spans_them(
+        gaps in prop::collection::vec(0u32..1_000_000, 1..200),
+        eps in 1u32..50_000,
+    ) {
+        let mut m = Modes::<16>::new();
+        for &g in &gaps {
+            m.insert(g, false, eps, 16);
+        }
+        for &g in &gaps {
+            let holding = (0..m.len as usize).filter(|&i| m.min[i] <= g && g <= m.max[i]).count();
+            // A discarded gap may lie in no mode; a counted one lies in exactly one.
+            prop_assert!(holding <= 1);
+            if m.discarded == 0 {
+                prop_assert_eq!(holding, 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn merges_bridge_two_modes() {
+    let mut m = Modes::<10>::new();
+    assert_eq!(m.insert(100, false, 10, 10), Placed::Opened);
+    assert_eq!(m.insert(118, false, 10, 10), Placed::Opened);
+    assert_eq!(m.len, 2);
+    // 109 widens the first mode to within ε of the second, and the two merge.
+    assert_eq!(m.insert(109, true, 10, 10), Placed::Joined);
+    assert_eq!(m.len, 1);
+    assert_eq!((m.min[0], m.max[0], m.count[0], m.candidates[0]), (100, 118, 3, 1));
+    // Each gap rounded to 16 ns: 100 → 96, 118 → 112, 109 → 112.
+    assert_eq!(m.sum_ns(0), 96 + 112 + 112);
+}
+
+#[test]
+fn full_histogram_discards() {
+    let mut m = Modes::<10>::new();
+    for i in 0..3 {
+        assert_eq!(m.insert(1000 * (i + 1), false, 10, 3), Placed::Opened);
+    }
+    assert_eq!(m.insert(10_000, false, 10, 3), Placed::Discarded);
+    assert_eq!(m.insert(2005, false, 10, 3), Placed::Joined);
+    assert_eq!(m.discarded, 1);
+    // Ascending even when inserted out of order.
+    let mut m = Modes::<10>::new();
+    for g in [5000, 1000, 3000] {
+        m.insert(g, false, 10, 10);
+    }
+    assert_eq!(&m.min[..3], &[1000, 3000, 5000]);
+}

@@ -1,0 +1,240 @@
+//! The TOML configuration: schema, defaults and validation. Every key is documented, with its
+//! default, in `configs/pirated.toml`; keep the two in step.
+
+use std::{fmt, net::SocketAddr, path::Path, str::FromStr, time::Duration};
+
+use anyhow::{bail, Context};
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Names the pin directory /sys/fs/bpf/pirated/<instance>; two daemons need two names.
+    pub instance: String,
+    /// The client-facing interface (requests arrive on it).
+    pub interface: String,
+    pub attach_mode: AttachMode,
+    pub epoch: Dur,
+    pub max_flows: u32,
+    pub pirate: PirateConfig,
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PirateConfig {
+    pub modes: u32,
+    pub epsilon: Dur,
+    pub delta: Dur,
+    pub idle_floor: Dur,
+    pub min_mode_share: f64,
+    pub skip_pure_acks: bool,
+    pub mark_after_short: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// Driver (native) mode, falling back to generic if the driver lacks XDP support.
+    Auto,
+    Native,
+    Generic,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            instance: "default".into(),
+            interface: String::new(),
+            attach_mode: AttachMode::Auto,
+            epoch: Dur(Duration::from_secs(1)),
+            max_flows: 65536,
+            pirate: PirateConfig::default(),
+            metrics: MetricsConfig::default(),
+        }
+    }
+}
+
+impl Default for PirateConfig {
+    fn default() -> Self {
+        PirateConfig {
+            modes: 10,
+            epsilon: Dur(Duration::from_micros(100)),
+            delta: Dur(Duration::from_micros(500)),
+            idle_floor: Dur(Duration::from_millis(200)),
+            min_mode_share: 0.02,
+            skip_pure_acks: true,
+            mark_after_short: true,
+        }
+    }
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9464)) }
+    }
+}
+
+pub const MAX_MODES: u32 = pirate_common::config::MODES_WIDE as u32;
+
+impl Config {
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Parses and validates; syntax and type errors carry the line and column.
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let config: Config = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let p = &self.pirate;
+        if self.instance.is_empty() || !self.instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            bail!("instance = {:?}: use letters, digits, '-' and '_' (it names a directory)", self.instance);
+        }
+        if !(1..=MAX_MODES).contains(&p.modes) {
+            bail!("pirate.modes = {}: must be 1..={MAX_MODES}", p.modes);
+        }
+        let epoch = self.epoch.0;
+        if epoch < Duration::from_millis(10) || epoch > Duration::from_secs(60) {
+            bail!("epoch = {}: must be between 10ms and 60s", self.epoch);
+        }
+        if self.max_flows == 0 || self.max_flows > 1 << 24 {
+            bail!("max_flows = {}: must be 1..=16777216", self.max_flows);
+        }
+        if p.idle_floor.0 <= p.delta.0 {
+            bail!("pirate.idle_floor ({}) must be above pirate.delta ({})", p.idle_floor, p.delta);
+        }
+        if p.idle_floor.0 > Duration::from_secs(4) {
+            bail!("pirate.idle_floor = {}: gaps are kept up to 4.29s, so at most 4s", p.idle_floor);
+        }
+        if p.epsilon.0 >= Duration::from_secs(1) {
+            bail!("pirate.epsilon = {}: must be below 1s", p.epsilon);
+        }
+        if !(0.0..1.0).contains(&p.min_mode_share) {
+            bail!("pirate.min_mode_share = {}: must be in [0, 1)", p.min_mode_share);
+        }
+        Ok(())
+    }
+
+    /// The datapath's view of the configuration.
+    pub fn params(&self) -> pirate_common::config::Params {
+        use pirate_common::config::{Params, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS};
+        let p = &self.pirate;
+        let mut flags = 0;
+        if p.skip_pure_acks {
+            flags |= FLAG_SKIP_PURE_ACKS;
+        }
+        if p.mark_after_short {
+            flags |= FLAG_MARK_AFTER_SHORT;
+        }
+        Params {
+            delta_ns: p.delta.as_nanos(),
+            idle_floor_ns: p.idle_floor.as_nanos(),
+            epsilon_ns: p.epsilon.as_nanos() as u32,
+            max_modes: p.modes,
+            flags,
+            _pad: 0,
+        }
+    }
+}
+
+/// A duration written like `1s`, `250ms`, `50us` or `800ns` (TOML has no duration type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    pub fn as_nanos(&self) -> u64 {
+        self.0.as_nanos().min(u64::MAX as u128) as u64
+    }
+}
+
+impl FromStr for Dur {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let value: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 1s, 250ms, 50us"))?;
+        let scale = match unit.trim() {
+            "s" => 1e9,
+            "ms" => 1e6,
+            "us" | "µs" => 1e3,
+            "ns" => 1.0,
+            other => return Err(format!("{s:?}: unknown unit {other:?} (use s, ms, us or ns)")),
+        };
+        let ns = value * scale;
+        if !ns.is_finite() || ns > u64::MAX as f64 {
+            return Err(format!("{s:?} is out of range"));
+        }
+        Ok(Dur(Duration::from_nanos(ns.round() as u64)))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ns = self.0.as_nanos();
+        let (div, unit) = [(1_000_000_000, "s"), (1_000_000, "ms"), (1_000, "us")]
+            .into_iter()
+            .find(|(d, _)| ns.is_multiple_of(*d) && ns >= *d)
+            .unwrap_or((1, "ns"));
+        write!(f, "{}{}", ns / div, unit)
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
+impl Serialize for Dur {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_trip() {
+        for s in ["1s", "250ms", "50us", "800ns", "1500us"] {
+            let d: Dur = s.parse().unwrap();
+            assert_eq!(d.to_string().parse::<Dur>().unwrap(), d, "{s}");
+        }
+        assert_eq!("1.5ms".parse::<Dur>().unwrap().0, Duration::from_micros(1500));
+        assert!("5 parsecs".parse::<Dur>().is_err());
+        assert!("ms".parse::<Dur>().is_err());
+    }
+
+    #[test]
+    fn shipped_config_is_the_default() {
+        let shipped = include_str!("../../configs/pirated.toml");
+        let parsed = Config::parse(shipped).unwrap();
+        assert_eq!(parsed, Config { interface: parsed.interface.clone(), ..Config::default() });
+    }
+
+    #[test]
+    fn errors_name_the_line_and_key() {
+        let err = Config::parse("epoch = \"1s\"\n[pirate]\nmodse = 3\n").unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("line 3") && msg.contains("modse"), "{msg}");
+        let err = Config::parse("[pirate]\nmodes = 17\n").unwrap_err();
+        assert!(format!("{err:#}").contains("pirate.modes = 17"), "{err:#}");
+        let err = Config::parse("epoch = \"fast\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+}

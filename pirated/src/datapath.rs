@@ -1,0 +1,327 @@
+//! The only module that talks to the kernel: loads and attaches the XDP program, pins its maps,
+//! advances the epoch and drains finished epochs into plain data.
+
+use std::{
+    collections::HashMap as StdHashMap,
+    fs,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{anyhow, bail, Context};
+use aya::{
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramError, Xdp, XdpFlags},
+    Ebpf, EbpfLoader,
+};
+use pirate_common::{
+    config::{MODES_COMPACT, MODES_WIDE},
+    counters,
+    flow::{EpochRecord, FlowKey, FlowState},
+};
+use tracing::{info, warn};
+
+use crate::{
+    config::{AttachMode, Config},
+    flow::FlowEpoch,
+};
+
+/// The XDP object built from `pirate-ebpf` by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
+
+pub const PIN_ROOT: &str = "/sys/fs/bpf/pirated";
+
+/// Flow-state layout: the compact one holds N ≤ 10 modes, the wide one N ≤ 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Compact,
+    Wide,
+}
+
+impl Layout {
+    pub fn for_modes(modes: u32) -> Layout {
+        if modes as usize <= MODES_COMPACT {
+            Layout::Compact
+        } else {
+            Layout::Wide
+        }
+    }
+
+    fn program(self) -> &'static str {
+        match self {
+            Layout::Compact => "pirate",
+            Layout::Wide => "pirate_wide",
+        }
+    }
+
+    fn flows_map(self) -> &'static str {
+        match self {
+            Layout::Compact => "FLOWS",
+            Layout::Wide => "FLOWS_WIDE",
+        }
+    }
+
+    /// Bytes of one record in the hand-over ring buffer.
+    fn record_size(self) -> usize {
+        match self {
+            Layout::Compact => size_of::<EpochRecord<MODES_COMPACT>>(),
+            Layout::Wide => size_of::<EpochRecord<MODES_WIDE>>(),
+        }
+    }
+
+    /// Key plus value bytes of one flow-table entry.
+    pub fn entry_size(self) -> usize {
+        size_of::<FlowKey>()
+            + match self {
+                Layout::Compact => size_of::<FlowState<MODES_COMPACT>>(),
+                Layout::Wide => size_of::<FlowState<MODES_WIDE>>(),
+            }
+    }
+}
+
+/// What one drain found.
+pub struct Drained {
+    /// Flows that had packets in the closed epoch.
+    pub flows: Vec<FlowEpoch>,
+    /// Entries in the flow table (active or not).
+    pub tracked: usize,
+    /// Copies dropped as torn (read while the datapath rewrote them).
+    pub inconsistent: usize,
+}
+
+pub struct Datapath {
+    ebpf: Ebpf,
+    layout: Layout,
+    records: RingBuf<MapData>,
+    pin_dir: PathBuf,
+    pub attached_mode: &'static str,
+}
+
+impl Datapath {
+    /// Loads the program for `config`, writes its parameters, attaches it to the interface and
+    /// pins the maps. Errors say what to do: missing interface, privileges, verifier log.
+    pub fn attach(config: &Config) -> anyhow::Result<Datapath> {
+        let iface = &config.interface;
+        if iface.is_empty() {
+            bail!("no interface: set `interface` in the config or pass --interface");
+        }
+        let c_iface = std::ffi::CString::new(iface.as_str()).context("interface name")?;
+        // SAFETY: a valid NUL-terminated string. (Not /sys/class/net: sysfs may belong to
+        // another network namespace than the one pirated runs in.)
+        if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
+            bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("pirated needs root (CAP_BPF, CAP_NET_ADMIN) to load and attach XDP programs");
+        }
+        let layout = Layout::for_modes(config.pirate.modes);
+        let (flows, other) = match layout {
+            Layout::Compact => ("FLOWS", "FLOWS_WIDE"),
+            Layout::Wide => ("FLOWS_WIDE", "FLOWS"),
+        };
+        let ring_bytes = ring_size(config.max_flows as usize * layout.record_size());
+        let mut ebpf = EbpfLoader::new()
+            .set_max_entries(flows, config.max_flows)
+            .set_max_entries(other, 1)
+            .set_max_entries("RECORDS", ring_bytes)
+            .load(OBJECT)
+            .map_err(|e| match e {
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
+                    if io_error.raw_os_error() == Some(libc::EPERM) =>
+                {
+                    anyhow!("creating BPF maps was refused (EPERM): run as root, with CAP_BPF and CAP_NET_ADMIN")
+                }
+                e => anyhow!(e).context("loading the BPF object"),
+            })?;
+
+        Array::<_, pirate_common::config::Params>::try_from(ebpf.map_mut("CONFIG").unwrap())?
+            .set(0, config.params(), 0)
+            .context("writing CONFIG")?;
+
+        let program: &mut Xdp = ebpf.program_mut(layout.program()).unwrap().try_into()?;
+        program.load().map_err(verifier_error)?;
+        let attached_mode = attach(program, iface, config.attach_mode)?;
+
+        let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
+        pin_maps(&ebpf, &pin_dir, layout)?;
+        let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;
+        info!(interface = %iface, mode = attached_mode, program = layout.program(), pins = %pin_dir.display(), "attached");
+        Ok(Datapath { ebpf, layout, records, pin_dir, attached_mode })
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// From now on the datapath tags flow state with `epoch`.
+    pub fn set_epoch(&mut self, epoch: u32) -> anyhow::Result<()> {
+        Array::<_, u32>::try_from(self.ebpf.map_mut("EPOCH").unwrap())?.set(0, epoch, 0)?;
+        Ok(())
+    }
+
+    /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
+    /// the flip handed their state over through the ring buffer; the others still hold it in the
+    /// table. Never writes to live state.
+    pub fn drain(&mut self, closed: u32) -> anyhow::Result<Drained> {
+        // Let packets already inside the program under the old epoch finish.
+        std::thread::sleep(Duration::from_millis(1));
+        let map = self.ebpf.map(self.layout.flows_map()).unwrap();
+        match self.layout {
+            Layout::Compact => drain::<MODES_COMPACT>(map, &mut self.records, closed),
+            Layout::Wide => drain::<MODES_WIDE>(map, &mut self.records, closed),
+        }
+    }
+
+    /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
+    pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
+        let map = PerCpuArray::<_, u64>::try_from(self.ebpf.map("COUNTERS").unwrap())?;
+        let mut out = [0u64; counters::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = map.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
+    }
+
+    /// The kernel's memlock accounting of the flow table, in bytes.
+    pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
+        let map = self.ebpf.map(self.layout.flows_map()).unwrap();
+        let fd = map_fd(map)?;
+        memlock_of_fd(fd)
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        // The XDP link goes with `ebpf`; the pins would otherwise keep the maps alive.
+        if let Err(e) = fs::remove_dir_all(&self.pin_dir) {
+            warn!(dir = %self.pin_dir.display(), "removing pins: {e}");
+        }
+    }
+}
+
+fn drain<const M: usize>(map: &Map, records: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained> {
+    let flows = HashMap::<_, FlowKey, FlowState<M>>::try_from(map)?;
+    let mut found: StdHashMap<FlowKey, FlowEpoch> = StdHashMap::new();
+    let mut tracked = 0;
+    for entry in flows.iter() {
+        let (key, state) = match entry {
+            Ok(kv) => kv,
+            // Evicted between listing and lookup.
+            Err(aya::maps::MapError::KeyNotFound) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        tracked += 1;
+        if state.epoch == closed {
+            found.insert(key, FlowEpoch::from_state(key, &state));
+        }
+    }
+    // After the scan: a flow reset during the scan handed its state over before the reset.
+    let want = size_of::<EpochRecord<M>>();
+    while let Some(item) = records.next() {
+        if item.len() < want {
+            continue;
+        }
+        // SAFETY: the datapath wrote an EpochRecord<M>; read unaligned from the ring's bytes.
+        let rec: EpochRecord<M> = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) };
+        // Older records duplicate what an earlier scan already took from the table.
+        if rec.state.epoch == closed {
+            found.insert(rec.key, FlowEpoch::from_state(rec.key, &rec.state));
+        }
+    }
+    let before = found.len();
+    let flows: Vec<FlowEpoch> = found.into_values().filter(|f| f.packets > 0 && f.is_consistent()).collect();
+    let inconsistent = before - flows.len();
+    Ok(Drained { flows, tracked, inconsistent })
+}
+
+fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<&'static str> {
+    let generic = |program: &mut Xdp| {
+        program_attach(program, iface, XdpFlags::SKB_MODE).context("attaching in generic mode").map(|_| "generic")
+    };
+    match mode {
+        AttachMode::Native => program_attach(program, iface, XdpFlags::DRV_MODE)
+            .context("attaching in native (driver) mode")
+            .map(|_| "native"),
+        AttachMode::Generic => generic(program),
+        AttachMode::Auto => match program_attach(program, iface, XdpFlags::DRV_MODE) {
+            Ok(()) => Ok("native"),
+            Err(e) => {
+                warn!("native XDP attach failed ({e:#}); falling back to generic mode");
+                generic(program)
+            }
+        },
+    }
+}
+
+fn program_attach(program: &mut Xdp, iface: &str, flags: XdpFlags) -> anyhow::Result<()> {
+    program.attach(iface, flags).map(|_| ()).map_err(|e| anyhow!(e))
+}
+
+fn verifier_error(e: ProgramError) -> anyhow::Error {
+    match e {
+        ProgramError::LoadError { io_error, verifier_log } => {
+            anyhow!("the kernel verifier rejected the XDP program ({io_error}). Verifier log:\n{verifier_log}")
+        }
+        e => anyhow!(e).context("loading the XDP program"),
+    }
+}
+
+fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
+    if dir.exists() {
+        // A previous run that died without cleaning up; its pins hold nothing we reuse.
+        fs::remove_dir_all(dir).with_context(|| format!("removing stale pins in {}", dir.display()))?;
+    }
+    ensure_bpffs()?;
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (name, map) in ebpf.maps() {
+        let unused = name == "BLANK" || name == if layout == Layout::Compact { "FLOWS_WIDE" } else { "FLOWS" };
+        if !unused {
+            map.pin(dir.join(name)).with_context(|| format!("pinning {name} in {}", dir.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Mounts bpffs on /sys/fs/bpf unless it is there: a fresh boot has none, and `ip netns exec`
+/// gives its commands a new /sys without it.
+fn ensure_bpffs() -> anyhow::Result<()> {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let path = std::ffi::CString::new("/sys/fs/bpf").unwrap();
+    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let fstype = std::ffi::CString::new("bpf").unwrap();
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe { libc::mount(fstype.as_ptr(), path.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        bail!("/sys/fs/bpf is not a bpffs mount and mounting one failed: {}", std::io::Error::last_os_error());
+    }
+    info!("mounted bpffs on /sys/fs/bpf");
+    Ok(())
+}
+
+/// Ring buffer size: a power of two of at least one page that holds `bytes`.
+fn ring_size(bytes: usize) -> u32 {
+    bytes.max(4096).next_power_of_two().min(1 << 30) as u32
+}
+
+fn map_fd(map: &Map) -> anyhow::Result<i32> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let data: &MapData = match map {
+        Map::LruHashMap(d) | Map::HashMap(d) => d,
+        _ => bail!("not a hash map"),
+    };
+    Ok(data.fd().as_fd().as_raw_fd())
+}
+
+/// Reads `memlock:` from /proc/self/fdinfo/<fd>, which the kernel fills for BPF maps.
+fn memlock_of_fd(fd: i32) -> anyhow::Result<u64> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no memlock in fdinfo"))
+}

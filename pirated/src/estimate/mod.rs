@@ -1,0 +1,3 @@
+//! Estimators: pure functions from drained epochs to latencies.
+
+pub mod pirate;

@@ -1,0 +1,126 @@
+//! Pirate's proportional mode sum (§3.3): the inter-batch gap (IBG) is the largest de-noised
+//! mode, and the mean response latency is Σ_{m_i ≤ IBG} Pr(m_i)/Pr(IBG)·m_i — the total of
+//! the gaps up to the IBG over the number of IBG gaps (batches).
+
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use crate::flow::{server, FlowEpoch, Mode};
+
+/// De-noising and heuristics that apply at estimation time.
+#[derive(Clone, Copy, Debug)]
+pub struct Denoise {
+    /// Modes whose mean is at or above this are retransmission timeouts or idle periods.
+    pub idle_floor_ns: u64,
+    /// Modes holding less than this share of the epoch's gaps cannot be the IBG: one outlier
+    /// gap above the real IBG would otherwise multiply the estimate.
+    pub min_mode_share: f64,
+    /// Prefer modes with gaps that followed a non-full-size packet as the IBG (§3.4).
+    pub prefer_candidates: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlowEstimate {
+    pub estimate_ns: f64,
+    /// Gaps in the IBG mode: the number of batch-to-batch intervals measured.
+    pub batches: u64,
+    /// Total of the gaps up to and including the IBG mode.
+    pub kept_ns: u64,
+}
+
+/// The proportional mode sum of one flow's modes (ascending), or `None` if no mode qualifies.
+pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate> {
+    let total: u64 = modes.iter().map(|m| m.count).sum();
+    if total == 0 {
+        return None;
+    }
+    let qualifies =
+        |m: &Mode| m.mean_ns() < d.idle_floor_ns as f64 && m.count as f64 >= d.min_mode_share * total as f64;
+    let largest =
+        |need_candidates: bool| modes.iter().rposition(|m| qualifies(m) && (!need_candidates || m.candidates > 0));
+    let ibg = if d.prefer_candidates { largest(true).or_else(|| largest(false)) } else { largest(false) }?;
+    let kept_ns: u64 = modes[..=ibg].iter().map(|m| m.sum_ns).sum();
+    let batches = modes[ibg].count;
+    Some(FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerEstimate {
+    pub server: SocketAddr,
+    /// Batch-weighted mean over the server's flows: Σ kept / Σ batches.
+    pub estimate_ns: f64,
+    pub flows: usize,
+    pub batches: u64,
+}
+
+/// Aggregates flow estimates per server (destination address and port).
+pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>) -> Vec<ServerEstimate> {
+    let mut acc: BTreeMap<SocketAddr, (u64, u64, usize)> = BTreeMap::new();
+    for (flow, est) in flows {
+        let e = acc.entry(server(&flow.key)).or_default();
+        e.0 += est.kept_ns;
+        e.1 += est.batches;
+        e.2 += 1;
+    }
+    acc.into_iter()
+        .map(|(server, (kept, batches, flows))| ServerEstimate {
+            server,
+            estimate_ns: kept as f64 / batches as f64,
+            flows,
+            batches,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(mean_us: u64, count: u64, candidates: u64) -> Mode {
+        let ns = mean_us * 1000;
+        Mode { min_ns: ns, max_ns: ns, count, candidates, sum_ns: ns * count }
+    }
+
+    const PLAIN: Denoise = Denoise { idle_floor_ns: 200_000_000, min_mode_share: 0.0, prefer_candidates: false };
+
+    #[test]
+    fn papers_example_gives_950us() {
+        // §3.3: modes 100/150/250 µs with probabilities 0.4/0.2/0.1.
+        let modes = [mode(100, 4, 0), mode(150, 2, 0), mode(250, 1, 0)];
+        let est = proportional_mode_sum(&modes, &PLAIN).unwrap();
+        assert_eq!(est.estimate_ns, 950_000.0);
+        assert_eq!(est.batches, 1);
+    }
+
+    #[test]
+    fn idle_and_rare_modes_are_not_the_ibg() {
+        let modes = [mode(100, 40, 0), mode(5_000, 10, 0), mode(9_000, 1, 0), mode(300_000, 3, 0)];
+        // The idle mode (300 ms) is above the floor; the 9 ms outlier is 1/54 of the gaps.
+        let d = Denoise { min_mode_share: 0.05, ..PLAIN };
+        let est = proportional_mode_sum(&modes, &d).unwrap();
+        assert_eq!(est.batches, 10);
+        assert_eq!(est.estimate_ns, (40.0 * 100_000.0 + 10.0 * 5_000_000.0) / 10.0);
+        // Without the share rule the outlier is taken as the IBG and inflates the estimate.
+        let naive = proportional_mode_sum(&modes, &PLAIN).unwrap();
+        assert!(naive.estimate_ns > 5.0 * est.estimate_ns);
+    }
+
+    #[test]
+    fn candidates_pick_the_ibg_when_preferred() {
+        // Largest mode never follows a short packet: it is a gap inside a batch of full segments.
+        let modes = [mode(100, 20, 0), mode(2_000, 10, 10), mode(3_000, 10, 0)];
+        let d = Denoise { prefer_candidates: true, ..PLAIN };
+        let est = proportional_mode_sum(&modes, &d).unwrap();
+        assert_eq!(est.batches, 10);
+        assert_eq!(est.kept_ns, 20 * 100_000 + 10 * 2_000_000);
+        assert_eq!(
+            proportional_mode_sum(&modes, &PLAIN).unwrap().kept_ns,
+            20 * 100_000 + 10 * 2_000_000 + 10 * 3_000_000
+        );
+    }
+
+    #[test]
+    fn nothing_to_estimate() {
+        assert!(proportional_mode_sum(&[], &PLAIN).is_none());
+        assert!(proportional_mode_sum(&[mode(500_000, 3, 3)], &PLAIN).is_none());
+    }
+}

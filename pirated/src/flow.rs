@@ -1,0 +1,92 @@
+//! A flow's finished epoch as plain data: what the datapath hands over (from either state
+//! layout), what replay produces, and what the estimators read.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use pirate_common::flow::{FlowKey, FlowState, FAMILY_V4};
+
+/// One mode of a flow's gap distribution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mode {
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub count: u64,
+    /// Gaps that followed a non-full-size packet.
+    pub candidates: u64,
+    pub sum_ns: u64,
+}
+
+impl Mode {
+    pub fn mean_ns(&self) -> f64 {
+        self.sum_ns as f64 / self.count.max(1) as f64
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlowEpoch {
+    pub key: FlowKey,
+    pub epoch: u32,
+    /// Ascending by `min_ns`.
+    pub modes: Vec<Mode>,
+    pub discarded: u64,
+    pub packets: u64,
+    /// Alg. 1 causal-pair samples below the idle floor.
+    pub samples: u64,
+    pub samples_sum_ns: u64,
+}
+
+impl FlowEpoch {
+    pub fn from_state<const M: usize>(key: FlowKey, st: &FlowState<M>) -> FlowEpoch {
+        let m = &st.modes;
+        let len = (m.len as usize).min(M);
+        FlowEpoch {
+            key,
+            epoch: st.epoch,
+            modes: (0..len)
+                .map(|i| Mode {
+                    min_ns: m.min[i] as u64,
+                    max_ns: m.max[i] as u64,
+                    count: m.count[i] as u64,
+                    candidates: m.candidates[i] as u64,
+                    sum_ns: m.sum_ns(i),
+                })
+                .collect(),
+            discarded: m.discarded as u64,
+            packets: st.packets as u64,
+            samples: st.samples as u64,
+            samples_sum_ns: st.samples_sum_ns,
+        }
+    }
+
+    /// Whether the modes are internally consistent: a copy read while the datapath rewrote
+    /// the entry may not be.
+    pub fn is_consistent(&self) -> bool {
+        self.modes.iter().all(|m| m.min_ns <= m.max_ns && m.count > 0 && m.candidates <= m.count)
+            && self.modes.windows(2).all(|w| w[0].max_ns < w[1].min_ns)
+    }
+}
+
+pub fn client(key: &FlowKey) -> SocketAddr {
+    SocketAddr::new(addr(key.family, &key.src), key.sport)
+}
+
+/// The server a client→server flow talks to: destination address and port.
+pub fn server(key: &FlowKey) -> SocketAddr {
+    SocketAddr::new(addr(key.family, &key.dst), key.dport)
+}
+
+pub fn proto_name(key: &FlowKey) -> &'static str {
+    match key.proto {
+        6 => "tcp",
+        17 => "udp",
+        _ => "other",
+    }
+}
+
+fn addr(family: u8, bytes: &[u8; 16]) -> IpAddr {
+    if family == FAMILY_V4 {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(*bytes))
+    }
+}

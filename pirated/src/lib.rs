@@ -1,0 +1,10 @@
+//! pirated's library: everything but the command line, so tests and xtask can drive it.
+
+pub mod config;
+pub mod datapath;
+pub mod epoch;
+pub mod estimate;
+pub mod flow;
+pub mod metrics;
+pub mod replay;
+pub mod report;

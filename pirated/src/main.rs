@@ -1,0 +1,151 @@
+//! pirated: passive response-latency measurement with XDP (the Pirate algorithm), exported as
+//! Prometheus metrics and JSON lines.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+use pirated::{config::Config, datapath::Datapath, epoch, metrics, replay};
+
+/// Passive response-latency measurement on a live interface, from client→server packets only.
+///
+/// pirated attaches the XDP program `pirate` to the client-facing interface, summarises each
+/// flow's inter-packet gaps into a few modes in the kernel, and every epoch turns them into a
+/// mean response latency per flow and per server (Pirate's proportional mode sum). Results are
+/// served as Prometheus metrics and optionally printed as JSON lines.
+#[derive(Parser, Debug)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Attach and measure until SIGINT/SIGTERM (the default).
+    Run(RunArgs),
+    /// Validate a configuration file and print the effective configuration.
+    Check {
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Run the same per-packet code and estimators over a pcap capture; prints JSON lines.
+    /// Needs no privileges.
+    Replay {
+        /// A classic pcap file with Ethernet frames, client→server direction.
+        #[arg(long, value_name = "FILE")]
+        pcap: PathBuf,
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone, Default)]
+struct RunArgs {
+    /// Configuration file (TOML); see configs/pirated.toml for every key and its default.
+    #[arg(short, long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    /// Client-facing interface (overrides `interface` in the config).
+    #[arg(short, long, value_name = "IFACE")]
+    interface: Option<String>,
+    /// XDP attach mode (overrides `attach_mode`).
+    #[arg(long, value_enum)]
+    attach_mode: Option<pirated::config::AttachMode>,
+    /// Metrics listen address (overrides `metrics.listen`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Besides serving /metrics, print one JSON line per flow and per server each epoch.
+    #[arg(long, value_enum, default_value_t = Output::Prometheus)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Serve Prometheus metrics only.
+    #[default]
+    Prometheus,
+    /// Serve metrics and print JSON lines on stdout.
+    Json,
+}
+
+fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
+    match path {
+        Some(p) => Config::load(p),
+        None => Ok(Config::default()),
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => run(cli.run),
+        Some(Command::Run(args)) => run(RunArgs { config: args.config.clone().or(cli.run.config), ..args }),
+        Some(Command::Check { config }) => check(config.or(cli.run.config)),
+        Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
+            .and_then(|c| replay::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
+    };
+    if let Err(e) = result {
+        eprintln!("pirated: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn check(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load(path.as_ref())?;
+    print!("{}", toml::to_string(&config)?);
+    Ok(())
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let mut config = load(args.config.as_ref())?;
+    if let Some(i) = args.interface {
+        config.interface = i;
+    }
+    if let Some(m) = args.attach_mode {
+        config.attach_mode = m;
+    }
+    if let Some(l) = args.listen {
+        config.metrics.listen = l;
+    }
+    config.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let metrics = Arc::new(Mutex::new(metrics::Metrics::new()));
+        // Bind before attaching so a busy port fails fast, with nothing to undo.
+        let listener = tokio::net::TcpListener::bind(config.metrics.listen)
+            .await
+            .with_context(|| format!("binding the metrics listener on {}", config.metrics.listen))?;
+        tracing::info!(listen = %config.metrics.listen, "serving /metrics");
+        let mut dp = Datapath::attach(&config)?;
+        let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
+        let result = epoch::run(&config, &mut dp, metrics, args.output == Output::Json, shutdown_signal()).await;
+        server.abort();
+        tracing::info!("detaching");
+        drop(dp);
+        result
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

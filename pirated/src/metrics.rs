@@ -1,0 +1,185 @@
+//! Prometheus metrics and their HTTP exposition (`GET /metrics`).
+
+use std::{sync::Arc, time::Duration};
+
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+use std::sync::atomic::AtomicU64;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+use tracing::{debug, warn};
+
+use pirate_common::counters;
+
+use crate::report::EpochReport;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
+    server_flows: Family<ServerLabel, Gauge>,
+    flow_latency: Histogram,
+    flows_tracked: Gauge,
+    flows_active: Gauge,
+    packets: Family<OutcomeLabel, Counter>,
+    records_lost: Counter,
+    gaps_discarded: Counter,
+    epochs: Counter,
+    epoch_seconds: Histogram,
+    /// Kernel counters are absolute; the Prometheus counters advance by the difference.
+    last_kernel: [u64; counters::COUNT as usize],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("pirated");
+        let m = Metrics {
+            server_latency: Family::default(),
+            server_flows: Family::default(),
+            // 50 µs … ~26 s, ×1.5 per bucket.
+            flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
+            flows_tracked: Gauge::default(),
+            flows_active: Gauge::default(),
+            packets: Family::default(),
+            records_lost: Counter::default(),
+            gaps_discarded: Counter::default(),
+            epochs: Counter::default(),
+            epoch_seconds: Histogram::new(exponential_buckets(100e-6, 2.0, 16)),
+            last_kernel: [0; counters::COUNT as usize],
+            registry: Registry::default(),
+        };
+        registry.register(
+            "server_response_latency_seconds",
+            "Mean response latency per server (destination address:port) over the last epoch (Pirate proportional mode sum)",
+            m.server_latency.clone(),
+        );
+        registry.register(
+            "server_flows",
+            "Flows with an estimate per server in the last epoch",
+            m.server_flows.clone(),
+        );
+        registry.register(
+            "flow_response_latency_seconds",
+            "Per-flow, per-epoch response latency estimates",
+            m.flow_latency.clone(),
+        );
+        registry.register("flows_tracked", "Entries in the datapath's flow table", m.flows_tracked.clone());
+        registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
+        registry.register("packets", "Packets seen by the XDP program, by outcome", m.packets.clone());
+        registry.register(
+            "epoch_records_lost",
+            "Finished flow epochs the datapath could not hand over (ring buffer full)",
+            m.records_lost.clone(),
+        );
+        registry.register(
+            "gaps_discarded",
+            "Inter-packet gaps dropped because a flow had no free mode",
+            m.gaps_discarded.clone(),
+        );
+        registry.register("epochs", "Epochs processed", m.epochs.clone());
+        registry.register(
+            "epoch_processing_seconds",
+            "Time to drain, estimate and publish one epoch",
+            m.epoch_seconds.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Publishes one epoch: per-server gauges are replaced, counters advance.
+    pub fn publish(&mut self, report: &EpochReport, kernel: &[u64; counters::COUNT as usize], tracked: usize) {
+        self.server_latency.clear();
+        self.server_flows.clear();
+        for s in &report.servers {
+            let label = ServerLabel { server: s.server.to_string() };
+            self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
+            self.server_flows.get_or_create(&label).set(s.flows as i64);
+        }
+        for (_, est) in &report.flows {
+            if let Some(e) = est {
+                self.flow_latency.observe(e.estimate_ns / 1e9);
+            }
+        }
+        self.flows_tracked.set(tracked as i64);
+        self.flows_active.set(report.flows.len() as i64);
+        let outcomes = counters::OUTCOMES as usize;
+        for ((now, last), name) in kernel.iter().zip(&self.last_kernel).zip(counters::NAMES).take(outcomes) {
+            self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(now.saturating_sub(*last));
+        }
+        let lost = counters::EVENT_RECORD_LOST as usize;
+        self.records_lost.inc_by(kernel[lost].saturating_sub(self.last_kernel[lost]));
+        self.last_kernel = *kernel;
+        self.gaps_discarded.inc_by(report.discarded());
+        self.epochs.inc();
+    }
+
+    pub fn observe_epoch_time(&self, d: Duration) {
+        self.epoch_seconds.observe(d.as_secs_f64());
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve_on(listener: TcpListener, metrics: Arc<std::sync::Mutex<Metrics>>) -> anyhow::Result<()> {
+    loop {
+        let (mut conn, peer) = listener.accept().await?;
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            let mut len = 0;
+            // Read the request head (bounded); the body, if any, is ignored.
+            while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") && len < buf.len() {
+                match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf[len..])).await {
+                    Ok(Ok(0)) | Err(_) => return,
+                    Ok(Ok(n)) => len += n,
+                    Ok(Err(e)) => return debug!(%peer, "metrics connection: {e}"),
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let target = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, ctype, body) =
+                if head.starts_with("GET ") && (target == "/metrics" || target.starts_with("/metrics?")) {
+                    let body = metrics.lock().unwrap().encode();
+                    ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", body)
+                } else {
+                    ("404 Not Found", "text/plain; charset=utf-8", "try GET /metrics\n".to_string())
+                };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            if let Err(e) = conn.write_all(resp.as_bytes()).await {
+                warn!(%peer, "metrics response: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs everything pirated needs to build, run its demo and run its tests, idempotently.
+# Needs root (apt, bpffs). Safe to run again: each step checks before it acts.
+set -euo pipefail
+
+log() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: must run as root (apt-get, mounting bpffs, loading XDP programs)" >&2
+    exit 1
+fi
+
+# Build toolchain for the eBPF crate (LLVM 22 for bpf-linker) and the tools the testbeds drive.
+APT_PACKAGES=(
+    llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22
+    bpftool iproute2 ethtool iptables tcpdump
+    iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The testbeds start their own nginx/redis inside namespaces; the distro units must not hold the ports.
+for svc in nginx redis-server; do
+    systemctl disable --now "$svc" >/dev/null 2>&1 || true
+done
+
+# Nightly with rust-src builds core for bpfel-unknown-none.
+if ! rustup toolchain list | grep -q '^nightly'; then
+    log "rustup toolchain install nightly"
+    rustup toolchain install nightly --profile minimal
+fi
+if ! rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
+    log "rustup component add rust-src --toolchain nightly"
+    rustup component add rust-src --toolchain nightly
+fi
+
+# bpf-linker linked against the system's LLVM 22 (its bundled LLVM cannot be downloaded here).
+BPF_LINKER_VERSION=0.13.0
+if ! bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
+    log "cargo install bpf-linker $BPF_LINKER_VERSION (LLVM 22, ~1 minute)"
+    PATH=/usr/lib/llvm-22/bin:$PATH cargo install --locked "bpf-linker@$BPF_LINKER_VERSION" \
+        --no-default-features --features llvm-22
+fi
+
+# bpffs is where pirated pins its maps; a fresh machine does not mount it.
+if ! mountpoint -q /sys/fs/bpf; then
+    log "mount -t bpf bpf /sys/fs/bpf"
+    mount -t bpf bpf /sys/fs/bpf
+fi
+
+log "ok"

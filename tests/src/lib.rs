@@ -1,0 +1,7 @@
+//! Test infrastructure for pirated: network namespaces and veth links, the link emulator that
+//! stands in for netem, and the one-point testbed with real clients and servers.
+//! Everything here runs as root and tears down what it creates.
+
+pub mod linkem;
+pub mod netns;
+pub mod testbed;

@@ -1,0 +1,216 @@
+//! The one-point testbed (DESIGN.md §5): `client ─ vp ─ server`, with the server's replies
+//! returning on a direct `server ─ client` link, as behind a DSR load balancer. pirated runs in
+//! `vp` on its client-facing interface and sees client→server packets only.
+//!
+//! ```text
+//!  client c-vp 10.201.1.1 ──── 10.201.1.2 vp-c [vp] vp-s 10.201.2.1 ──── 10.201.2.2 s-vp server
+//!     c-s 10.201.3.1 ◄─────────────── direct return link ──────────────── 10.201.3.2 s-c
+//! ```
+//! IPv6 mirrors it in fd00:201:N::/64. The client routes the server's subnet via vp; the server
+//! routes the client's subnets over the direct link; rp_filter is off everywhere.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Stdio},
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::netns::{require_root, veth, Netns};
+
+pub const CLIENT_IP: &str = "10.201.1.1";
+pub const SERVER_IP: &str = "10.201.2.2";
+pub const CLIENT_IP6: &str = "fd00:201:1::1";
+pub const SERVER_IP6: &str = "fd00:201:2::2";
+/// pirated's interface in `vp`.
+pub const VP_CLIENT_IF: &str = "vp-c";
+
+pub struct OnePoint {
+    pub client: Netns,
+    pub vp: Netns,
+    pub server: Netns,
+}
+
+impl OnePoint {
+    pub fn new() -> Result<OnePoint> {
+        require_root()?;
+        let client = Netns::new("cli")?;
+        let vp = Netns::new("vp")?;
+        let server = Netns::new("srv")?;
+        veth(&client, "c-vp", &vp, VP_CLIENT_IF)?;
+        veth(&vp, "vp-s", &server, "s-vp")?;
+        veth(&server, "s-c", &client, "c-s")?;
+        for (ns, ifs) in [(&client, ["c-vp", "c-s"]), (&vp, [VP_CLIENT_IF, "vp-s"]), (&server, ["s-vp", "s-c"])] {
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+            ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+            for i in ifs {
+                ns.sysctl(&format!("net.ipv4.conf.{i}.rp_filter"), "0")?;
+                // Real wires carry MTU-sized frames, not TSO/GRO super-frames (DESIGN.md §6).
+                ns.offloads_off(i)?;
+            }
+        }
+        vp.sysctl("net.ipv4.ip_forward", "1")?;
+        vp.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        let addrs: [(&Netns, &str, &str, &str); 6] = [
+            (&client, "c-vp", "10.201.1.1/24", "fd00:201:1::1/64"),
+            (&vp, VP_CLIENT_IF, "10.201.1.2/24", "fd00:201:1::2/64"),
+            (&vp, "vp-s", "10.201.2.1/24", "fd00:201:2::1/64"),
+            (&server, "s-vp", "10.201.2.2/24", "fd00:201:2::2/64"),
+            (&server, "s-c", "10.201.3.2/24", "fd00:201:3::2/64"),
+            (&client, "c-s", "10.201.3.1/24", "fd00:201:3::1/64"),
+        ];
+        for (ns, ifname, v4, v6) in addrs {
+            ns.addr(ifname, v4)?;
+            ns.addr(ifname, v6)?;
+        }
+        client.route("10.201.2.0/24", "10.201.1.2")?;
+        client.route("fd00:201:2::/64", "fd00:201:1::2")?;
+        server.route("10.201.1.0/24", "10.201.3.1")?;
+        server.route("fd00:201:1::/64", "fd00:201:3::1")?;
+        Ok(OnePoint { client, vp, server })
+    }
+}
+
+/// Finds a binary of this workspace next to the running test executable (target/<profile>/).
+pub fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    for dir in exe.ancestors().skip(1).take(3) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "{name} is not built next to {}: run `cargo build --workspace --bins` first (cargo xtask test does)",
+        exe.display()
+    )
+}
+
+/// pirated running in a namespace with `--output json`; its lines are collected as they come.
+pub struct Pirated {
+    child: Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+    reader: Option<JoinHandle<()>>,
+    pub listen: String,
+}
+
+impl Pirated {
+    /// Starts pirated on `iface` in `ns` with `config` (TOML text, `interface` and `metrics.listen`
+    /// are set here) and waits until it has attached.
+    pub fn start(ns: &Netns, iface: &str, config: &str) -> Result<Pirated> {
+        let bin = workspace_binary("pirated")?;
+        let dir = std::env::temp_dir().join(format!("pirated-test-{}-{}", std::process::id(), ns.name()));
+        std::fs::create_dir_all(&dir)?;
+        let cfg_path = dir.join("pirated.toml");
+        let listen = "127.0.0.1:9464".to_string();
+        std::fs::write(&cfg_path, format!("interface = \"{iface}\"\ninstance = \"{}\"\n{config}", ns.name()))?;
+        let mut child = ns
+            .command(&[
+                bin.to_str().unwrap(),
+                "run",
+                "--config",
+                cfg_path.to_str().unwrap(),
+                "--output",
+                "json",
+                "--listen",
+                &listen,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning pirated")?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().unwrap();
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    sink.lock().unwrap().push(v);
+                }
+            }
+        });
+        // Attached once it logs so on stderr; keep forwarding stderr to ours afterwards.
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[pirated] {line}");
+                if line.contains("attached") || line.contains("error") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(line);
+                    }
+                }
+            }
+        });
+        let mut p = Pirated { child, lines, reader: Some(reader), listen };
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line.contains("attached") => Ok(p),
+            Ok(line) => {
+                p.stop()?;
+                bail!("pirated failed to start: {line}")
+            }
+            Err(_) => {
+                p.stop()?;
+                bail!("pirated did not attach within 30 s")
+            }
+        }
+    }
+
+    /// JSON lines received so far.
+    pub fn lines(&self) -> Vec<Value> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits until a line satisfying `pred` arrives, up to `timeout`.
+    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = self.lines.lock().unwrap().iter().find(|v| pred(v)) {
+                return Ok(v.clone());
+            }
+            if Instant::now() > deadline {
+                bail!("no matching pirated line within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit; returns all JSON lines.
+    pub fn stop(&mut self) -> Result<Vec<Value>> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = self.child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > deadline {
+                self.child.kill()?;
+                bail!("pirated ignored SIGTERM for 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        if !status.success() {
+            bail!("pirated exited with {status}");
+        }
+        Ok(self.lines())
+    }
+}
+
+impl Drop for Pirated {
+    fn drop(&mut self) {
+        if self.reader.is_some() {
+            let _ = self.stop();
+        }
+    }
+}

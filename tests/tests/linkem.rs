@@ -1,0 +1,488 @@
+//! The link emulator measured from outside: every figure here comes from the receiving end
+//! (kernel receive timestamps, sequence numbers, what TCP delivers), never from the emulator's
+//! own bookkeeping, which is only checked for agreement.
+//!
+//! Needs root; fails (does not skip) without it. The tests take a global lock and run one at a
+//! time, because they measure timing and the machine may have only two cores.
+//! `cargo test -p pirate-tests --test linkem -- --nocapture` prints the measured figures.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use pirate_tests::linkem::probe::{ProbeRun, Probes, Summary};
+use pirate_tests::linkem::{linkem_binary, Counters, EmuLink, Emulator, LinkSpec, EMU_A};
+use pirate_tests::netns::{require_root, veth, Netns};
+
+const CLI: &str = "10.200.1.1";
+const SRV: &str = "10.200.1.2";
+const CLI6: &str = "fd00:200::1";
+const SRV6: &str = "fd00:200::2";
+/// A direct veth between the same namespaces, for the path's delay without the emulator.
+const WIRE_CLI: &str = "10.200.2.1";
+const WIRE_SRV: &str = "10.200.2.2";
+const PORT: u16 = 9000;
+
+/// Emulated delays must be within this fraction of the configured value.
+const DELAY_TOLERANCE: f64 = 0.05;
+
+/// Timing tests must not run concurrently with each other.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `cli ─ [emu] ─ srv` on 10.200.1.0/24, plus a direct `cli ─ srv` wire on 10.200.2.0/24.
+struct Bed {
+    cli: Netns,
+    srv: Netns,
+    link: EmuLink,
+}
+
+impl Bed {
+    /// A quiet bed: IPv4 only, with static neighbour entries, so that nothing but the test's own
+    /// packets crosses the emulator and its random decisions apply to those alone.
+    fn quiet() -> Bed {
+        let bed = Bed::build();
+        for ns in [&bed.cli, &bed.srv] {
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1").unwrap();
+        }
+        for (ns, ifname, peer, peer_ns) in [
+            (&bed.cli, "eth0", SRV, &bed.srv),
+            (&bed.srv, "eth0", CLI, &bed.cli),
+            (&bed.cli, "wire", WIRE_SRV, &bed.srv),
+            (&bed.srv, "wire", WIRE_CLI, &bed.cli),
+        ] {
+            let mac = peer_ns.mac(ifname).unwrap();
+            ns.ip(&["neigh", "replace", peer, "lladdr", &mac, "dev", ifname, "nud", "permanent"])
+                .unwrap();
+        }
+        bed
+    }
+
+    /// A bed as hosts normally are: IPv4 and IPv6, neighbours resolved by ARP and NDP through the
+    /// emulator.
+    fn dynamic() -> Bed {
+        let bed = Bed::build();
+        bed.cli.addr("eth0", &format!("{CLI6}/64")).unwrap();
+        bed.srv.addr("eth0", &format!("{SRV6}/64")).unwrap();
+        bed
+    }
+
+    fn build() -> Bed {
+        require_root().expect("the link emulator tests need root");
+        let cli = Netns::new("cli").unwrap();
+        let srv = Netns::new("srv").unwrap();
+        let link = EmuLink::between(&cli, "eth0", &srv, "eth0").unwrap();
+        veth(&cli, "wire", &srv, "wire").unwrap();
+        cli.offloads_off("wire").unwrap();
+        srv.offloads_off("wire").unwrap();
+        for (ns, [emu, wire]) in [(&cli, [CLI, WIRE_CLI]), (&srv, [SRV, WIRE_SRV])] {
+            ns.addr("eth0", &format!("{emu}/24")).unwrap();
+            ns.addr("wire", &format!("{wire}/24")).unwrap();
+        }
+        Bed { cli, srv, link }
+    }
+
+    fn start(&self, ab: &str, ba: &str, seed: u64) -> Emulator {
+        let (ab, ba): (LinkSpec, LinkSpec) = (ab.parse().unwrap(), ba.parse().unwrap());
+        self.link.start(&ab, &ba, seed).unwrap()
+    }
+
+    /// Probes from cli to srv through the emulator.
+    fn probe(&self, probes: &Probes) -> ProbeRun {
+        let dst = SocketAddr::new(SRV.parse().unwrap(), PORT);
+        probes.run(&self.cli, CLI.parse().unwrap(), &self.srv, dst).unwrap()
+    }
+
+    /// Probes from cli to srv over the direct wire.
+    fn probe_wire(&self, probes: &Probes) -> ProbeRun {
+        let dst = SocketAddr::new(WIRE_SRV.parse().unwrap(), PORT);
+        probes.run(&self.cli, WIRE_CLI.parse().unwrap(), &self.srv, dst).unwrap()
+    }
+}
+
+/// Stops the emulator and checks that its counters are consistent and show no trouble.
+fn stop(emulator: Emulator) -> Counters {
+    let counters = emulator.stop().expect("emulator did not stop cleanly");
+    println!("  emulator counters: {counters:?}");
+    for (name, dir) in [("ab", &counters.ab), ("ba", &counters.ba)] {
+        assert_eq!(dir.unaccounted(), 0, "{name}: frames unaccounted for: {dir:?}");
+        assert_eq!(
+            (dir.send_errors, dir.dropped_oversize, dir.dropped_queue_full, dir.csum_partial),
+            (0, 0, 0, 0),
+            "{name}: send errors, oversize frames, queue overflows or unfinished checksums: {dir:?}"
+        );
+        assert_eq!(dir.kernel_drops, 0, "{name}: the kernel dropped frames before the relay read them");
+    }
+    counters
+}
+
+fn delays(run: &ProbeRun) -> Summary {
+    assert!(!run.arrivals.is_empty(), "no probe arrived ({} sent)", run.sent);
+    Summary::of(&run.one_way_ns())
+}
+
+/// The emulator adds `delay` to the path's own one-way delay, within [`DELAY_TOLERANCE`].
+fn check_delay(delay: Duration) {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    let probes = Probes { count: 300, gap: Duration::from_millis(5), ..Probes::default() };
+
+    let wire = delays(&bed.probe_wire(&probes));
+    let emulator = bed.start("delay=0", "delay=0", 1);
+    let relay = delays(&bed.probe(&probes));
+    stop(emulator);
+    let emulator = bed.start(&format!("delay={}us", delay.as_micros()), "delay=0", 1);
+    let run = bed.probe(&probes);
+    let counters = stop(emulator);
+    let emulated = delays(&run);
+
+    let configured = delay.as_nanos() as f64;
+    let added = emulated.trimmed_mean - wire.trimmed_mean;
+    let error = (added - configured) / configured;
+    println!("delay {delay:?}:");
+    println!("  direct wire      {wire}");
+    println!("  relay, delay=0   {relay}");
+    println!("  relay, delay     {emulated}");
+    println!(
+        "  added {:.1}µs, error {:+.2}% (mean instead of trimmed mean: {:+.2}%); over the \
+         delay=0 relay: {:.1}µs",
+        added / 1e3,
+        error * 100.0,
+        (emulated.mean - wire.mean - configured) / configured * 100.0,
+        (emulated.trimmed_mean - relay.trimmed_mean) / 1e3,
+    );
+    assert_eq!(run.lost(), 0, "probes lost on a link without loss");
+    assert!(
+        error.abs() <= DELAY_TOLERANCE,
+        "configured {delay:?}, the emulator added {:.1}µs ({:+.2}%, limit ±{}%)",
+        added / 1e3,
+        error * 100.0,
+        DELAY_TOLERANCE * 100.0
+    );
+    assert!(
+        emulated.min >= configured,
+        "a probe took {:.1}µs, less than the configured delay",
+        emulated.min / 1e3
+    );
+    assert_eq!(counters.ab.late_on_arrival, 0, "frames read after their departure time");
+}
+
+#[test]
+fn delay_1ms() {
+    check_delay(Duration::from_millis(1));
+}
+
+#[test]
+fn delay_5ms() {
+    check_delay(Duration::from_millis(5));
+}
+
+#[test]
+fn delay_20ms() {
+    check_delay(Duration::from_millis(20));
+}
+
+/// Jitter `j` on delay `d`: the one-way delays have the configured distribution's mean and
+/// standard deviation and stay within its support.
+fn check_jitter(spec: &str, expected_sd: Duration) {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    let (delay, jitter) = (5e6, 1e6);
+    let probes = Probes { count: 2500, gap: Duration::from_millis(1), ..Probes::default() };
+    let wire = delays(&bed.probe_wire(&Probes { count: 300, ..probes.clone() }));
+    let emulator = bed.start(spec, "delay=0", 3);
+    let run = bed.probe(&probes);
+    stop(emulator);
+    let emulated = delays(&run);
+    let expected_sd = expected_sd.as_nanos() as f64;
+    // The path's own variation adds to the emulated one.
+    let expected_sd = (expected_sd.powi(2) + wire.sd.powi(2)).sqrt();
+    let mean_error = (emulated.trimmed_mean - wire.trimmed_mean - delay) / delay;
+    let sd_error = (emulated.sd - expected_sd) / expected_sd;
+    println!("{spec}:\n  direct wire {wire}\n  emulated    {emulated}");
+    println!(
+        "  mean error {:+.2}% of the delay, sd {:.1}µs vs {:.1}µs expected ({:+.2}%)",
+        mean_error * 100.0,
+        emulated.sd / 1e3,
+        expected_sd / 1e3,
+        sd_error * 100.0
+    );
+    assert_eq!(run.lost(), 0, "probes lost on a link without loss");
+    assert!(mean_error.abs() <= DELAY_TOLERANCE, "mean delay off by {:+.2}%", mean_error * 100.0);
+    assert!(
+        sd_error.abs() <= 0.05,
+        "sd {:.1}µs, expected {:.1}µs ({:+.2}%, limit ±5%)",
+        emulated.sd / 1e3,
+        expected_sd / 1e3,
+        sd_error * 100.0
+    );
+    if spec.contains("uniform") {
+        assert!(
+            emulated.min >= delay - jitter,
+            "a probe took {:.1}µs, below delay - jitter",
+            emulated.min / 1e3
+        );
+    }
+}
+
+#[test]
+fn jitter_uniform() {
+    // Uniform on ±j has standard deviation j/√3.
+    check_jitter("delay=5ms,jitter=1ms,dist=uniform", Duration::from_nanos(577_350));
+}
+
+#[test]
+fn jitter_normal() {
+    check_jitter("delay=5ms,jitter=1ms,dist=normal", Duration::from_millis(1));
+}
+
+/// Binomial tolerance: `k` of `n` trials is within `sigmas` standard deviations of `p`.
+fn assert_binomial(what: &str, k: u64, n: u64, p: f64, sigmas: f64) {
+    let sd = (n as f64 * p * (1.0 - p)).sqrt();
+    let expected = n as f64 * p;
+    println!(
+        "  {what}: {k} of {n} = {:.4} (expected {p}, ±{sigmas}σ = ±{:.4})",
+        k as f64 / n as f64,
+        sigmas * sd / n as f64
+    );
+    assert!(
+        (k as f64 - expected).abs() <= sigmas * sd,
+        "{what}: {k} of {n} ({:.4}) is more than {sigmas}σ from {p}",
+        k as f64 / n as f64
+    );
+}
+
+#[test]
+fn loss() {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    let probes = Probes { count: 3000, gap: Duration::from_micros(300), ..Probes::default() };
+    let emulator = bed.start("loss=0.1", "delay=0", 5);
+    let run = bed.probe(&probes);
+    let counters = stop(emulator);
+    println!("loss=0.1:");
+    assert_binomial("lost at the receiver", run.lost(), run.sent, 0.1, 4.0);
+    let distinct: BTreeSet<u64> = run.arrivals.iter().map(|a| a.seq).collect();
+    assert_eq!(distinct.len(), run.arrivals.len(), "duplicated probes");
+    // Only the probes cross a→b on the quiet bed.
+    assert_eq!(counters.ab.received, run.sent, "frames a→b besides the probes");
+    assert_eq!(counters.ab.dropped_loss, run.lost(), "emulator's loss count disagrees with the receiver");
+}
+
+#[test]
+fn reorder() {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    // Gaps much shorter than the delay: several probes are queued when a reordered one arrives.
+    let probes = Probes { count: 4000, gap: Duration::from_micros(500), ..Probes::default() };
+    let emulator = bed.start("delay=5ms,reorder=0.25", "delay=0", 7);
+    let run = bed.probe(&probes);
+    let counters = stop(emulator);
+    assert_eq!(run.lost(), 0, "probes lost on a link without loss");
+    let overtaking = run.overtaking();
+    println!("delay=5ms,reorder=0.25:");
+    // A reordered probe fails to overtake only if every probe sent in the 5 ms before it was
+    // reordered too: 0.25^10 with 0.5 ms gaps, negligible.
+    assert_binomial(
+        "probes that overtook earlier ones",
+        overtaking.len() as u64,
+        run.arrivals.len() as u64,
+        0.25,
+        4.0,
+    );
+    let reordered_sent = counters.ab.reordered;
+    assert!(
+        (reordered_sent as i64 - overtaking.len() as i64).abs() <= 2,
+        "emulator reordered {reordered_sent} frames, the receiver saw {} overtake",
+        overtaking.len()
+    );
+    // Reordered probes skip the delay; the others take it.
+    let fast = overtaking.iter().filter(|a| a.one_way_ns < 1_000_000).count();
+    assert_eq!(fast, overtaking.len(), "overtaking probes should not have been delayed");
+    let fast_seqs: BTreeSet<u64> = overtaking.iter().map(|a| a.seq).collect();
+    let slow: Vec<i64> = run
+        .arrivals
+        .iter()
+        .filter(|a| !fast_seqs.contains(&a.seq))
+        .map(|a| a.one_way_ns)
+        .collect();
+    let slow = Summary::of(&slow);
+    println!("  the others: {slow}");
+    assert!(slow.min >= 5e6, "a probe that was not reordered skipped the delay");
+}
+
+#[test]
+fn seed_reproduces_decisions() {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    let probes = Probes { count: 500, gap: Duration::from_micros(300), ..Probes::default() };
+    let lost_with = |seed: u64| {
+        let emulator = bed.start("loss=0.3", "delay=0", seed);
+        let run = bed.probe(&probes);
+        stop(emulator);
+        let arrived: BTreeSet<u64> = run.arrivals.iter().map(|a| a.seq).collect();
+        (0..run.sent).filter(|s| !arrived.contains(s)).collect::<Vec<u64>>()
+    };
+    let (first, again, other) = (lost_with(11), lost_with(11), lost_with(12));
+    println!("seed 11 lost {} probes twice the same; seed 12 lost {}", first.len(), other.len());
+    assert_eq!(first, again, "the same seed dropped different probes");
+    assert_ne!(first, other, "different seeds dropped the same probes");
+}
+
+/// Connections the TCP test makes: curl, three downloads, one upload.
+const CONNECTIONS: usize = 5;
+
+/// Serves `len` bytes of a known pattern over HTTP/1.0 for every request, and reads uploads.
+fn http_server(listener: TcpListener, len: usize) -> thread::JoinHandle<()> {
+    listener.set_nonblocking(false).unwrap();
+    thread::spawn(move || {
+        let body = pattern(len);
+        // Bounded: the test makes a known, small number of connections.
+        for stream in listener.incoming().take(CONNECTIONS) {
+            let mut stream = stream.unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            if request.starts_with(b"PUT") {
+                // An upload: read it to the end and answer with its checksum.
+                let header_end = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let mut upload = request[header_end..].to_vec();
+                stream.read_to_end(&mut upload).unwrap();
+                let reply = format!("HTTP/1.0 200 OK\r\n\r\n{}", checksum(&upload));
+                stream.write_all(reply.as_bytes()).unwrap();
+            } else {
+                let header = format!("HTTP/1.0 200 OK\r\nContent-Length: {len}\r\n\r\n");
+                stream.write_all(header.as_bytes()).unwrap();
+                stream.write_all(&body).unwrap();
+            }
+        }
+    })
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[test]
+fn tcp_through_the_emulator() {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    let (delay_ab, len) = (Duration::from_millis(10), 4 << 20);
+    let listener = bed.srv.run_in(|| TcpListener::bind((SRV, 8080))).unwrap().unwrap();
+    let server = http_server(listener, len);
+    let emulator = bed.start("delay=10ms", "delay=0", 1);
+    println!("TCP with delay=10ms client→server:");
+
+    // curl: the handshake takes one round trip, i.e. the emulated delay.
+    let out = bed
+        .cli
+        .run(&[
+            "curl", "-sS", "--max-time", "20", "-o", "/dev/null", "-w",
+            "%{time_connect} %{size_download} %{http_code}",
+            &format!("http://{SRV}:8080/"),
+        ])
+        .unwrap();
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    let connect = Duration::from_secs_f64(fields[0].parse().unwrap());
+    println!("  curl: connect {connect:?}, {} bytes, HTTP {}", fields[1], fields[2]);
+    assert_eq!((fields[1], fields[2]), (len.to_string().as_str(), "200"), "curl download failed");
+    let error = (connect.as_secs_f64() - delay_ab.as_secs_f64()) / delay_ab.as_secs_f64();
+    assert!(
+        (0.0..=DELAY_TOLERANCE).contains(&error),
+        "curl connect time {connect:?} vs the emulated round trip {delay_ab:?} ({:+.2}%)",
+        error * 100.0
+    );
+
+    // Our own client: handshake times, and data integrity both ways.
+    let addr: SocketAddr = (SRV.parse::<IpAddr>().unwrap(), 8080).into();
+    let connect_in_cli = |addr| bed.cli.run_in(move || {
+        let start = Instant::now();
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        (stream, start.elapsed())
+    });
+    let mut connects = Vec::new();
+    for _ in 0..3 {
+        let (mut stream, elapsed) = connect_in_cli(addr).unwrap();
+        connects.push(elapsed);
+        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).unwrap();
+        let body_at = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        assert!(response[body_at..] == pattern(len)[..], "downloaded data corrupted");
+    }
+    let (mut stream, elapsed) = connect_in_cli(addr).unwrap();
+    connects.push(elapsed);
+    let upload = pattern(len);
+    let start = Instant::now();
+    stream.write_all(b"PUT / HTTP/1.0\r\n\r\n").unwrap();
+    stream.write_all(&upload).unwrap();
+    stream.shutdown(Shutdown::Write).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let took = start.elapsed();
+    assert!(
+        response.ends_with(&checksum(&upload).to_string()),
+        "uploaded data corrupted: {response:?}"
+    );
+    println!(
+        "  connect times {connects:?}; uploaded {} MiB in {took:?} ({:.0} Mbit/s)",
+        len >> 20,
+        len as f64 * 8.0 / took.as_secs_f64() / 1e6
+    );
+    for elapsed in connects {
+        let error = (elapsed.as_secs_f64() - delay_ab.as_secs_f64()) / delay_ab.as_secs_f64();
+        assert!(
+            (0.0..=DELAY_TOLERANCE).contains(&error),
+            "connect took {elapsed:?} over a {delay_ab:?} round trip ({:+.2}%)",
+            error * 100.0
+        );
+    }
+    drop(stream);
+    let counters = stop(emulator);
+    assert!(counters.ab.sent > 2 * (len as u64 / 1500), "too few frames for the upload");
+    server.join().expect("HTTP server panicked");
+}
+
+#[test]
+fn transparent_bridge_for_arp_and_ndp() {
+    let _serial = serial();
+    let bed = Bed::dynamic();
+    let emulator = bed.start("delay=1ms", "delay=1ms", 1);
+    let flags = bed.link.ns().ip(&["-j", "link", "show", EMU_A]).unwrap();
+    assert!(flags.contains("PROMISC"), "emulator interface not promiscuous: {flags}");
+    let probes = Probes { count: 20, gap: Duration::from_millis(5), ..Probes::default() };
+    for (src, dst) in [(CLI, SRV), (CLI6, SRV6)] {
+        let dst = SocketAddr::new(dst.parse().unwrap(), PORT);
+        let run = probes.run(&bed.cli, src.parse().unwrap(), &bed.srv, dst).unwrap();
+        println!("  {src} → {dst}: {} of {} arrived, {}", run.arrivals.len(), run.sent, delays(&run));
+        // The first probe waits for address resolution, which crosses the emulator twice.
+        assert!(run.lost() == 0, "probes to {dst} lost");
+    }
+    let srv_mac = bed.srv.mac("eth0").unwrap();
+    for ip in [SRV, SRV6] {
+        let neigh = bed.cli.ip(&["neigh", "show", ip, "dev", "eth0"]).unwrap();
+        assert!(neigh.contains(&srv_mac), "cli resolved {ip} to {neigh:?}, not srv's MAC {srv_mac}");
+    }
+    let counters = stop(emulator);
+    assert!(counters.ab.received > 0 && counters.ba.received > 0);
+}
+
+#[test]
+fn binary_is_found_next_to_the_tests() {
+    assert_eq!(linkem_binary(), std::path::Path::new(env!("CARGO_BIN_EXE_pirate-linkem")));
+}

@@ -1,0 +1,67 @@
+//! Project tasks: `cargo xtask demo | test | bench …`. Each runs real cargo/tool commands and
+//! fails loudly; the set-up of the machine itself is scripts/setup.sh.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "pirated's project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build in release mode and run the demo: a one-point netns testbed with real traffic,
+    /// pirated's estimates beside the clients' own latencies. Needs root.
+    Demo,
+    /// The whole test suite: formatting, clippy, unit, property and testbed tests. Needs root.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd.current_dir(root()).status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.args(args);
+    c
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Demo => {
+            run(cargo(&["build", "--release", "--workspace", "--bins"]).arg("--quiet"))?;
+            run(&mut Command::new(root().join("target/release/pirate-demo")))
+        }
+        Task::Test { args } => {
+            run(&mut cargo(&["fmt", "--all", "--check"]))?;
+            run(&mut cargo(&["fmt", "--manifest-path", "pirate-ebpf/Cargo.toml", "--check"]))?;
+            run(&mut cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+            // Testbed tests spawn pirated and the link emulator from target/debug.
+            run(&mut cargo(&["build", "--workspace", "--bins", "--quiet"]))?;
+            // One test at a time: testbeds share two CPUs, and accuracy tests need them quiet.
+            run(cargo(&["test", "--workspace", "--no-fail-fast"]).args(&args).args(["--", "--test-threads=1"]))
+        }
+    }
+}

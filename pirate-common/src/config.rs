@@ -24,17 +24,22 @@ pub struct Params {
     pub delta_ns: u64,
     /// Gaps and causal samples at or above this are retransmission timeouts or idle periods.
     pub idle_floor_ns: u64,
-    /// Alg. 2: a gap within ε of a mode's [min, max] joins it.
+    /// Alg. 2: a gap within ε of a mode's [min, max] joins it; ε = max(epsilon_ns,
+    /// gap · epsilon_rel_q20 / 2^20).
     pub epsilon_ns: u32,
+    pub epsilon_rel_q20: u32,
     /// Alg. 2: at most this many modes per flow (≤ the layout's capacity).
     pub max_modes: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
-    pub _pad: u32,
 }
 
 impl Params {
     pub const fn has(&self, flag: u32) -> bool {
         self.flags & flag != 0
+    }
+
+    pub const fn epsilon(&self) -> crate::modes::Epsilon {
+        crate::modes::Epsilon { abs_ns: self.epsilon_ns, rel_q20: self.epsilon_rel_q20 }
     }
 }

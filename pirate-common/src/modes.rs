@@ -22,6 +22,33 @@ pub struct Modes<const M: usize> {
     pub discarded: u32,
 }
 
+/// Alg. 2's closeness threshold: a fixed part and a part relative to the gap (Q20 fixed point),
+/// so that a mode at 20 ms absorbs the jitter of its gaps as one at 200 µs does. Two values
+/// a ≤ b are close when b − a ≤ ε(a): judged at the lower value, which keeps insertion and
+/// merging consistent (adjacent modes always stay more than ε apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Epsilon {
+    pub abs_ns: u32,
+    /// ε grows by `rel_q20 / 2^20` of the gap.
+    pub rel_q20: u32,
+}
+
+impl Epsilon {
+    pub const fn fixed(abs_ns: u32) -> Epsilon {
+        Epsilon { abs_ns, rel_q20: 0 }
+    }
+
+    #[inline(always)]
+    pub fn at(&self, value: u32) -> u32 {
+        let rel = ((value as u64 * self.rel_q20 as u64) >> 20) as u32;
+        if rel > self.abs_ns {
+            rel
+        } else {
+            self.abs_ns
+        }
+    }
+}
+
 /// What happened to one gap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placed {
@@ -54,7 +81,7 @@ impl<const M: usize> Modes<M> {
     }
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
-    pub fn insert(&mut self, g: u32, candidate: bool, epsilon: u32, max_modes: u32) -> Placed {
+    pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
         let len = if (self.len as usize) < M { self.len as usize } else { M };
         // Ascending traversal: the first mode whose ε-widened range holds g takes it; else g
         // belongs before the first mode that starts more than ε above it.
@@ -65,16 +92,23 @@ impl<const M: usize> Modes<M> {
             }
             let lo = self.min[i];
             let hi = self.max[i];
-            if lo.saturating_sub(epsilon) <= g && g <= hi.saturating_add(epsilon) {
+            let near = if g < lo {
+                lo - g <= eps.at(g)
+            } else if g > hi {
+                g - hi <= eps.at(hi)
+            } else {
+                true
+            };
+            if near {
                 self.count_into(i, g, candidate);
                 if g < lo {
                     self.min[i] = g;
                     if i > 0 {
-                        self.merge_if_close(i - 1, epsilon);
+                        self.merge_if_close(i - 1, eps);
                     }
                 } else if g > hi {
                     self.max[i] = g;
-                    self.merge_if_close(i, epsilon);
+                    self.merge_if_close(i, eps);
                 }
                 return Placed::Joined;
             }
@@ -127,13 +161,13 @@ impl<const M: usize> Modes<M> {
     }
 
     /// ConsiderMergeModes(i, i+1): joins the two if they now lie within ε of each other.
-    fn merge_if_close(&mut self, i: usize, epsilon: u32) {
+    fn merge_if_close(&mut self, i: usize, eps: Epsilon) {
         let len = self.len as usize;
         let j = i + 1;
         if j >= len || j >= M {
             return;
         }
-        if self.max[i].saturating_add(epsilon) < self.min[j] {
+        if self.min[j].saturating_sub(self.max[i]) > eps.at(self.max[i]) {
             return;
         }
         if self.max[j] > self.max[i] {

@@ -62,6 +62,6 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
 
     // Alg. 2 on the gap.
     let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
-    let placed = st.modes.insert(g, after_short, p.epsilon_ns, p.max_modes);
+    let placed = st.modes.insert(g, after_short, p.epsilon(), p.max_modes);
     Step::Gap { gap_ns, placed }
 }

@@ -1,9 +1,9 @@
 //! Alg. 2 (mode maintenance) against its invariants, on arbitrary gap streams.
 
-use pirate_common::modes::{Modes, Placed, SUM_SHIFT};
+use pirate_common::modes::{Epsilon, Modes, Placed, SUM_SHIFT};
 use proptest::prelude::*;
 
-fn check_invariants<const M: usize>(m: &Modes<M>, eps: u32, max_modes: u32) {
+fn check_invariants<const M: usize>(m: &Modes<M>, eps: Epsilon, max_modes: u32) {
     let len = m.len as usize;
     assert!(len <= max_modes as usize && len <= M);
     for i in 0..len {
@@ -17,7 +17,8 @@ fn check_invariants<const M: usize>(m: &Modes<M>, eps: u32, max_modes: u32) {
     }
     for i in 1..len {
         // Ascending and more than ε apart: otherwise they would have been merged.
-        assert!(m.max[i - 1] as u64 + (eps as u64) < m.min[i] as u64, "modes {} and {i} lie within ε", i - 1);
+        let gap = m.min[i].checked_sub(m.max[i - 1]).expect("modes out of order");
+        assert!(gap > eps.at(m.max[i - 1]), "modes {} and {i} lie within ε", i - 1);
     }
     for i in len..M {
         assert_eq!((m.min[i], m.max[i], m.count[i], m.sum[i]), (0, 0, 0, 0), "slot {i} beyond len is not clear");
@@ -28,9 +29,11 @@ proptest! {
     #[test]
     fn invariants_hold_and_nothing_is_lost(
         gaps in prop::collection::vec((0u32..20_000_000, any::<bool>()), 1..400),
-        eps in 0u32..200_000,
+        abs in 0u32..200_000,
+        rel_q20 in prop_oneof![Just(0u32), 0u32..200_000],
         max_modes in 1u32..=16,
     ) {
+        let eps = Epsilon { abs_ns: abs, rel_q20 };
         let mut m = Modes::<16>::new();
         let mut counted = 0u64;
         for &(g, cand) in &gaps {
@@ -49,8 +52,10 @@ proptest! {
     #[test]
     fn gaps_land_in_the_mode_that_spans_them(
         gaps in prop::collection::vec(0u32..1_000_000, 1..200),
-        eps in 1u32..50_000,
+        abs in 1u32..50_000,
+        rel_q20 in 0u32..100_000,
     ) {
+        let eps = Epsilon { abs_ns: abs, rel_q20 };
         let mut m = Modes::<16>::new();
         for &g in &gaps {
             m.insert(g, false, eps, 16);
@@ -66,14 +71,16 @@ proptest! {
     }
 }
 
+const E10: Epsilon = Epsilon::fixed(10);
+
 #[test]
 fn merges_bridge_two_modes() {
     let mut m = Modes::<10>::new();
-    assert_eq!(m.insert(100, false, 10, 10), Placed::Opened);
-    assert_eq!(m.insert(118, false, 10, 10), Placed::Opened);
+    assert_eq!(m.insert(100, false, E10, 10), Placed::Opened);
+    assert_eq!(m.insert(118, false, E10, 10), Placed::Opened);
     assert_eq!(m.len, 2);
     // 109 widens the first mode to within ε of the second, and the two merge.
-    assert_eq!(m.insert(109, true, 10, 10), Placed::Joined);
+    assert_eq!(m.insert(109, true, E10, 10), Placed::Joined);
     assert_eq!(m.len, 1);
     assert_eq!((m.min[0], m.max[0], m.count[0], m.candidates[0]), (100, 118, 3, 1));
     // Each gap rounded to 16 ns: 100 → 96, 118 → 112, 109 → 112.
@@ -84,15 +91,28 @@ fn merges_bridge_two_modes() {
 fn full_histogram_discards() {
     let mut m = Modes::<10>::new();
     for i in 0..3 {
-        assert_eq!(m.insert(1000 * (i + 1), false, 10, 3), Placed::Opened);
+        assert_eq!(m.insert(1000 * (i + 1), false, E10, 3), Placed::Opened);
     }
-    assert_eq!(m.insert(10_000, false, 10, 3), Placed::Discarded);
-    assert_eq!(m.insert(2005, false, 10, 3), Placed::Joined);
+    assert_eq!(m.insert(10_000, false, E10, 3), Placed::Discarded);
+    assert_eq!(m.insert(2005, false, E10, 3), Placed::Joined);
     assert_eq!(m.discarded, 1);
     // Ascending even when inserted out of order.
     let mut m = Modes::<10>::new();
     for g in [5000, 1000, 3000] {
-        m.insert(g, false, 10, 10);
+        m.insert(g, false, E10, 10);
     }
     assert_eq!(&m.min[..3], &[1000, 3000, 5000]);
+}
+
+#[test]
+fn relative_epsilon_scales_with_the_gap() {
+    // 5 % of the gap: 10.0 ms and 10.4 ms are one mode, 100 µs and 104 µs too, 100 µs and 200 µs not.
+    let eps = Epsilon { abs_ns: 1_000, rel_q20: (0.05 * (1u64 << 20) as f64) as u32 };
+    let mut m = Modes::<10>::new();
+    for g in [10_000_000, 10_400_000, 100_000, 104_000, 200_000] {
+        m.insert(g, false, eps, 10);
+    }
+    assert_eq!(m.len, 3);
+    assert_eq!((m.min[2], m.max[2], m.count[2]), (10_000_000, 10_400_000, 2));
+    assert_eq!((m.min[0], m.max[0], m.count[0]), (100_000, 104_000, 2));
 }

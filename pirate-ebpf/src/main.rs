@@ -153,6 +153,13 @@ fn hand_over<const M: usize>(key: &FlowKey, st: &FlowState<M>) {
     }
 }
 
+
+/// The baseline of `cargo xtask bench datapath`: an XDP program that only passes.
+#[xdp]
+pub fn bare_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

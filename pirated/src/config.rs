@@ -25,9 +25,11 @@ pub struct Config {
 pub struct PirateConfig {
     pub modes: u32,
     pub epsilon: Dur,
+    pub epsilon_relative: f64,
     pub delta: Dur,
     pub idle_floor: Dur,
     pub min_mode_share: f64,
+    pub min_ibg_gaps: u64,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
 }
@@ -66,9 +68,11 @@ impl Default for PirateConfig {
         PirateConfig {
             modes: 10,
             epsilon: Dur(Duration::from_micros(100)),
+            epsilon_relative: 0.05,
             delta: Dur(Duration::from_micros(500)),
             idle_floor: Dur(Duration::from_millis(200)),
             min_mode_share: 0.02,
+            min_ibg_gaps: 2,
             skip_pure_acks: true,
             mark_after_short: true,
         }
@@ -121,6 +125,12 @@ impl Config {
         if p.epsilon.0 >= Duration::from_secs(1) {
             bail!("pirate.epsilon = {}: must be below 1s", p.epsilon);
         }
+        if !(0.0..=0.5).contains(&p.epsilon_relative) {
+            bail!("pirate.epsilon_relative = {}: must be in [0, 0.5]", p.epsilon_relative);
+        }
+        if p.min_ibg_gaps == 0 {
+            bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
+        }
         if !(0.0..1.0).contains(&p.min_mode_share) {
             bail!("pirate.min_mode_share = {}: must be in [0, 1)", p.min_mode_share);
         }
@@ -142,9 +152,9 @@ impl Config {
             delta_ns: p.delta.as_nanos(),
             idle_floor_ns: p.idle_floor.as_nanos(),
             epsilon_ns: p.epsilon.as_nanos() as u32,
+            epsilon_rel_q20: (p.epsilon_relative * (1u64 << 20) as f64).round() as u32,
             max_modes: p.modes,
             flags,
-            _pad: 0,
         }
     }
 }

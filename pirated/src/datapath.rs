@@ -4,6 +4,7 @@
 use std::{
     collections::HashMap as StdHashMap,
     fs,
+    os::fd::AsFd,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -93,24 +94,16 @@ pub struct Datapath {
     ebpf: Ebpf,
     layout: Layout,
     records: RingBuf<MapData>,
-    pin_dir: PathBuf,
+    records_bytes: u32,
+    /// Where the maps are pinned, once attached.
+    pin_dir: Option<PathBuf>,
     pub attached_mode: &'static str,
 }
 
 impl Datapath {
-    /// Loads the program for `config`, writes its parameters, attaches it to the interface and
-    /// pins the maps. Errors say what to do: missing interface, privileges, verifier log.
-    pub fn attach(config: &Config) -> anyhow::Result<Datapath> {
-        let iface = &config.interface;
-        if iface.is_empty() {
-            bail!("no interface: set `interface` in the config or pass --interface");
-        }
-        let c_iface = std::ffi::CString::new(iface.as_str()).context("interface name")?;
-        // SAFETY: a valid NUL-terminated string. (Not /sys/class/net: sysfs may belong to
-        // another network namespace than the one pirated runs in.)
-        if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
-            bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
-        }
+    /// Loads the program for `config` into the kernel and writes its parameters, without
+    /// attaching it anywhere. Errors say what to do: privileges, verifier log.
+    pub fn load(config: &Config) -> anyhow::Result<Datapath> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             bail!("pirated needs root (CAP_BPF, CAP_NET_ADMIN) to load and attach XDP programs");
@@ -134,20 +127,50 @@ impl Datapath {
                 }
                 e => anyhow!(e).context("loading the BPF object"),
             })?;
-
         Array::<_, pirate_common::config::Params>::try_from(ebpf.map_mut("CONFIG").unwrap())?
             .set(0, config.params(), 0)
             .context("writing CONFIG")?;
-
         let program: &mut Xdp = ebpf.program_mut(layout.program()).unwrap().try_into()?;
         program.load().map_err(verifier_error)?;
-        let attached_mode = attach(program, iface, config.attach_mode)?;
-
-        let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
-        pin_maps(&ebpf, &pin_dir, layout)?;
         let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;
-        info!(interface = %iface, mode = attached_mode, program = layout.program(), pins = %pin_dir.display(), "attached");
-        Ok(Datapath { ebpf, layout, records, pin_dir, attached_mode })
+        Ok(Datapath { ebpf, layout, records, records_bytes: ring_bytes, pin_dir: None, attached_mode: "none" })
+    }
+
+    /// Loads the program, attaches it to `config.interface` and pins the maps under
+    /// /sys/fs/bpf/pirated/<instance>. Errors say what to do: missing interface, privileges,
+    /// verifier log.
+    pub fn attach(config: &Config) -> anyhow::Result<Datapath> {
+        let iface = &config.interface;
+        if iface.is_empty() {
+            bail!("no interface: set `interface` in the config or pass --interface");
+        }
+        let c_iface = std::ffi::CString::new(iface.as_str()).context("interface name")?;
+        // SAFETY: a valid NUL-terminated string. (Not /sys/class/net: sysfs may belong to
+        // another network namespace than the one pirated runs in.)
+        if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
+            bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
+        }
+        let mut dp = Self::load(config)?;
+        let program: &mut Xdp = dp.ebpf.program_mut(dp.layout.program()).unwrap().try_into()?;
+        dp.attached_mode = attach(program, iface, config.attach_mode)?;
+        let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
+        pin_maps(&dp.ebpf, &pin_dir, dp.layout)?;
+        dp.pin_dir = Some(pin_dir);
+        info!(interface = %iface, mode = dp.attached_mode, program = dp.layout.program(), "attached");
+        Ok(dp)
+    }
+
+    /// The loaded measuring program, e.g. to run it with BPF_PROG_TEST_RUN.
+    pub fn program_fd(&self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
+        let program: &Xdp = self.ebpf.program(self.layout.program()).unwrap().try_into()?;
+        Ok(program.fd()?.as_fd())
+    }
+
+    /// Loads the object's bare `XDP_PASS` program (the baseline of the datapath benchmark).
+    pub fn load_bare_pass(&mut self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
+        let program: &mut Xdp = self.ebpf.program_mut("bare_pass").unwrap().try_into()?;
+        program.load().map_err(verifier_error)?;
+        Ok(program.fd()?.as_fd())
     }
 
     pub fn layout(&self) -> Layout {
@@ -183,6 +206,11 @@ impl Datapath {
         Ok(out)
     }
 
+    /// Size of the hand-over ring buffer, in bytes.
+    pub fn ring_bytes(&self) -> u64 {
+        self.records_bytes as u64
+    }
+
     /// The kernel's memlock accounting of the flow table, in bytes.
     pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
         let map = self.ebpf.map(self.layout.flows_map()).unwrap();
@@ -194,8 +222,10 @@ impl Datapath {
 impl Drop for Datapath {
     fn drop(&mut self) {
         // The XDP link goes with `ebpf`; the pins would otherwise keep the maps alive.
-        if let Err(e) = fs::remove_dir_all(&self.pin_dir) {
-            warn!(dir = %self.pin_dir.display(), "removing pins: {e}");
+        if let Some(dir) = &self.pin_dir {
+            if let Err(e) = fs::remove_dir_all(dir) {
+                warn!(dir = %dir.display(), "removing pins: {e}");
+            }
         }
     }
 }

@@ -16,6 +16,7 @@ pub fn denoise(config: &Config) -> Denoise {
         idle_floor_ns: config.pirate.idle_floor.as_nanos(),
         min_mode_share: config.pirate.min_mode_share,
         prefer_candidates: config.pirate.mark_after_short,
+        min_ibg_gaps: config.pirate.min_ibg_gaps,
     }
 }
 
@@ -35,10 +36,11 @@ pub async fn run(
     tick.tick().await; // the first tick is immediate
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = &mut shutdown => return Ok(()),
-        }
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = &mut shutdown => true,
+        };
+        // On shutdown the partial epoch is closed and reported too, as replay does.
         let started = Instant::now();
         let closed = epoch;
         epoch = epoch.wrapping_add(1);
@@ -56,5 +58,8 @@ pub async fn run(
         m.publish(&report, &kernel, drained.tracked);
         m.observe_epoch_time(started.elapsed());
         debug!(epoch = closed, flows = report.flows.len(), servers = report.servers.len(), took = ?started.elapsed(), "epoch");
+        if stopping {
+            return Ok(());
+        }
     }
 }

@@ -47,7 +47,7 @@ impl EpochReport {
                 samples: f.samples,
                 causal_mean_ns: (f.samples > 0).then(|| f.samples_sum_ns / f.samples),
                 packets: f.packets,
-                modes: f.modes.len(),
+                modes: f.modes.iter().map(|m| [m.min_ns, m.max_ns, m.count, m.candidates, m.sum_ns]).collect(),
                 discarded: f.discarded,
             };
             serde_json::to_writer(&mut *out, &line)?;
@@ -84,7 +84,8 @@ struct FlowLine {
     samples: u64,
     causal_mean_ns: Option<u64>,
     packets: u64,
-    modes: usize,
+    /// The flow's modes, ascending: [min_ns, max_ns, count, candidates, sum_ns].
+    modes: Vec<[u64; 5]>,
     discarded: u64,
 }
 

@@ -2,6 +2,8 @@
 //! stands in for netem, and the one-point testbed with real clients and servers.
 //! Everything here runs as root and tears down what it creates.
 
+pub mod clients;
 pub mod linkem;
 pub mod netns;
+pub mod servers;
 pub mod testbed;

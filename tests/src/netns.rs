@@ -228,10 +228,9 @@ impl Drop for Netns {
 /// Creates a veth pair with end `a_if` in namespace `a` and `b_if` in `b`, both up. The ends are
 /// created directly inside the namespaces, so names only need to be unique per namespace.
 pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {
-    run_checked(
-        Command::new("ip")
-            .args(["link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name]),
-    )?;
+    run_checked(Command::new("ip").args([
+        "link", "add", "name", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name,
+    ]))?;
     a.ip(&["link", "set", "dev", a_if, "up"])?;
     b.ip(&["link", "set", "dev", b_if, "up"])?;
     Ok(())

@@ -21,7 +21,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::netns::{require_root, veth, Netns};
+use crate::{
+    linkem::EmuLink,
+    netns::{require_root, veth, Netns},
+};
 
 pub const CLIENT_IP: &str = "10.201.1.1";
 pub const SERVER_IP: &str = "10.201.2.2";
@@ -30,21 +33,44 @@ pub const SERVER_IP6: &str = "fd00:201:2::2";
 /// pirated's interface in `vp`.
 pub const VP_CLIENT_IF: &str = "vp-c";
 
+/// Which links get a link emulator spliced in (started separately, with the specs a test wants).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Links {
+    /// client → vp: loss and reordering before the vantage point (`ab` = client→vp).
+    pub client_side: bool,
+    /// The direct return link: response delay (`ab` = server→client).
+    pub return_path: bool,
+}
+
 pub struct OnePoint {
     pub client: Netns,
     pub vp: Netns,
     pub server: Netns,
+    pub client_side: Option<EmuLink>,
+    pub return_path: Option<EmuLink>,
 }
 
 impl OnePoint {
+    /// The testbed with plain veth links.
     pub fn new() -> Result<OnePoint> {
+        Self::with(Links::default())
+    }
+
+    pub fn with(links: Links) -> Result<OnePoint> {
         require_root()?;
         let client = Netns::new("cli")?;
         let vp = Netns::new("vp")?;
         let server = Netns::new("srv")?;
-        veth(&client, "c-vp", &vp, VP_CLIENT_IF)?;
+        let link = |emulated: bool, x: &Netns, x_if: &str, y: &Netns, y_if: &str| -> Result<Option<EmuLink>> {
+            if emulated {
+                EmuLink::between(x, x_if, y, y_if).map(Some)
+            } else {
+                veth(x, x_if, y, y_if).map(|_| None)
+            }
+        };
+        let client_side = link(links.client_side, &client, "c-vp", &vp, VP_CLIENT_IF)?;
         veth(&vp, "vp-s", &server, "s-vp")?;
-        veth(&server, "s-c", &client, "c-s")?;
+        let return_path = link(links.return_path, &server, "s-c", &client, "c-s")?;
         for (ns, ifs) in [(&client, ["c-vp", "c-s"]), (&vp, [VP_CLIENT_IF, "vp-s"]), (&server, ["s-vp", "s-c"])] {
             ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
             ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
@@ -72,7 +98,7 @@ impl OnePoint {
         client.route("fd00:201:2::/64", "fd00:201:1::2")?;
         server.route("10.201.1.0/24", "10.201.3.1")?;
         server.route("fd00:201:1::/64", "fd00:201:3::1")?;
-        Ok(OnePoint { client, vp, server })
+        Ok(OnePoint { client, vp, server, client_side, return_path })
     }
 }
 

@@ -27,6 +27,22 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Benchmarks, printed side by side with their baselines.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Per-packet cost of `pirate` vs a bare XDP_PASS program (BPF_PROG_TEST_RUN) with 64 K flows
+    /// in the table, and the memory per tracked flow. Needs root.
+    Datapath {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -62,6 +78,10 @@ fn main() -> Result<()> {
             run(&mut cargo(&["build", "--workspace", "--bins", "--quiet"]))?;
             // One test at a time: testbeds share two CPUs, and accuracy tests need them quiet.
             run(cargo(&["test", "--workspace", "--no-fail-fast"]).args(&args).args(["--", "--test-threads=1"]))
+        }
+        Task::Bench { which: Bench::Datapath { args } } => {
+            run(&mut cargo(&["build", "--release", "--quiet", "-p", "pirate-tests", "--bin", "pirate-bench"]))?;
+            run(Command::new(root().join("target/release/pirate-bench")).args(&args))
         }
     }
 }

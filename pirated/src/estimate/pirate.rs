@@ -16,6 +16,9 @@ pub struct Denoise {
     pub min_mode_share: f64,
     /// Prefer modes with gaps that followed a non-full-size packet as the IBG (§3.4).
     pub prefer_candidates: bool,
+    /// Prefer modes of at least this many gaps as the IBG: a lone gap above the rest is a
+    /// hiccup far more often than the only batch boundary. 1 is the paper's rule.
+    pub min_ibg_gaps: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,12 +38,25 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
     }
     let qualifies =
         |m: &Mode| m.mean_ns() < d.idle_floor_ns as f64 && m.count as f64 >= d.min_mode_share * total as f64;
-    let largest =
-        |need_candidates: bool| modes.iter().rposition(|m| qualifies(m) && (!need_candidates || m.candidates > 0));
-    let ibg = if d.prefer_candidates { largest(true).or_else(|| largest(false)) } else { largest(false) }?;
-    let kept_ns: u64 = modes[..=ibg].iter().map(|m| m.sum_ns).sum();
-    let batches = modes[ibg].count;
-    Some(FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
+    // The IBG is the largest qualifying mode whose estimate is itself a response latency (below
+    // the idle floor: a mode of outlier gaps above the real IBG would otherwise make the epoch one
+    // "batch"), preferring modes with candidate gaps (if asked) and modes of `min_ibg_gaps`.
+    let pick = |need_candidates: bool, min_count: u64| {
+        let eligible = |i: &usize| {
+            let m = &modes[*i];
+            qualifies(m) && m.count >= min_count && (!need_candidates || m.candidates > 0)
+        };
+        (0..modes.len()).rev().filter(eligible).find_map(|ibg| {
+            let kept_ns: u64 = modes[..=ibg].iter().map(|m| m.sum_ns).sum();
+            let batches = modes[ibg].count;
+            let estimate_ns = kept_ns as f64 / batches as f64;
+            (estimate_ns < d.idle_floor_ns as f64).then_some(FlowEstimate { estimate_ns, batches, kept_ns })
+        })
+    };
+    [(true, d.min_ibg_gaps), (false, d.min_ibg_gaps), (true, 1), (false, 1)]
+        .into_iter()
+        .filter(|(need_candidates, _)| d.prefer_candidates || !need_candidates)
+        .find_map(|(need_candidates, min_count)| pick(need_candidates, min_count))
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +96,8 @@ mod tests {
         Mode { min_ns: ns, max_ns: ns, count, candidates, sum_ns: ns * count }
     }
 
-    const PLAIN: Denoise = Denoise { idle_floor_ns: 200_000_000, min_mode_share: 0.0, prefer_candidates: false };
+    const PLAIN: Denoise =
+        Denoise { idle_floor_ns: 200_000_000, min_mode_share: 0.0, prefer_candidates: false, min_ibg_gaps: 1 };
 
     #[test]
     fn papers_example_gives_950us() {
@@ -102,6 +119,22 @@ mod tests {
         // Without the share rule the outlier is taken as the IBG and inflates the estimate.
         let naive = proportional_mode_sum(&modes, &PLAIN).unwrap();
         assert!(naive.estimate_ns > 5.0 * est.estimate_ns);
+    }
+
+    #[test]
+    fn an_outlier_mode_that_would_make_the_epoch_one_batch_is_not_the_ibg() {
+        // 48 gaps of 10 ms and two of 10.6 ms, 4 % of the gaps: taken as the IBG they would give
+        // two 250 ms "responses", above the 200 ms floor.
+        let modes = [mode(10_000, 48, 48), mode(10_600, 2, 2)];
+        let d = Denoise { min_mode_share: 0.02, min_ibg_gaps: 2, ..PLAIN };
+        let est = proportional_mode_sum(&modes, &d).unwrap();
+        assert_eq!((est.batches, est.estimate_ns), (48, 10_000_000.0));
+        // A lone outlier gap is passed over even where its estimate would look plausible.
+        let modes = [mode(1_000, 14, 14), mode(1_900, 1, 1)];
+        let est = proportional_mode_sum(&modes, &d).unwrap();
+        assert_eq!((est.batches, est.estimate_ns), (14, 1_000_000.0));
+        // …but a single gap is an estimate when it is all there is.
+        assert_eq!(proportional_mode_sum(&[mode(1_900, 1, 1)], &d).unwrap().estimate_ns, 1_900_000.0);
     }
 
     #[test]

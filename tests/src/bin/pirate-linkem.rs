@@ -36,8 +36,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Stop sleeping this long before a departure and poll until it is due. It should exceed the
-    /// machine's usual timer wakeup latency (50–150 µs in small VMs), or frames leave late.
-    #[arg(long, default_value = "300us", value_parser = parse_duration)]
+    /// machine's usual timer wakeup latency (35–150 µs in small VMs), or frames leave late.
+    #[arg(long, default_value = "200us", value_parser = parse_duration)]
     spin: Duration,
     /// Run the relay thread with SCHED_FIFO at this priority (1–99), so that other processes do not
     /// delay its wakeups; 0 keeps the normal scheduler.

@@ -1,11 +1,13 @@
 //! One-way delay probes over UDP: ground truth that does not depend on the emulator.
 //!
-//! The sender stamps each datagram with CLOCK_REALTIME just before `send`; the receiver takes the
-//! kernel's receive timestamp (SO_TIMESTAMPNS, the same clock), so neither side's scheduling
-//! latency enters the measurement. Both ends are in this process on one host clock, so the
-//! difference is the one-way delay of the path, including the two kernels' send and receive paths
-//! (a few µs on veth).
+//! Both ends take kernel timestamps on one host clock (CLOCK_REALTIME): the sender a software
+//! transmit timestamp (SO_TIMESTAMPING, taken by the veth driver as it passes the frame on), the
+//! receiver a receive timestamp (SO_TIMESTAMPNS, taken when the frame enters its namespace's
+//! stack). So neither side's scheduling enters the measurement: a sender preempted between
+//! reading the clock and `send` by a busy machine would otherwise add milliseconds. The result is
+//! the one-way delay of the path between the two namespaces, kernel paths included.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +20,10 @@ use anyhow::{bail, ensure, Context, Result};
 use super::sys;
 use crate::netns::Netns;
 
-/// Header of every probe: sequence number and send timestamp, both little-endian.
-const HEADER: usize = 16;
+/// Every probe starts with its sequence number, little-endian.
+const HEADER: usize = 8;
+/// How long the kernel may take to report a transmit timestamp after `send` returned.
+const TX_TIMESTAMP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A probe run: how many datagrams, how far apart, how big.
 #[derive(Debug, Clone)]
@@ -27,7 +31,7 @@ pub struct Probes {
     pub count: u64,
     /// Pause after each send; the real gap is longer by the sender's wakeup latency.
     pub gap: Duration,
-    /// UDP payload bytes (at least 16).
+    /// UDP payload bytes (at least 8).
     pub payload: usize,
     /// How long to wait for stragglers after the last send; must exceed the path's delay.
     pub settle: Duration,
@@ -44,7 +48,7 @@ impl Default for Probes {
 pub struct Arrival {
     /// Its sequence number (0-based, in sending order).
     pub seq: u64,
-    /// Kernel receive timestamp minus the sender's timestamp, in ns.
+    /// Receive timestamp minus transmit timestamp, in ns.
     pub one_way_ns: i64,
 }
 
@@ -72,6 +76,12 @@ impl Probes {
             .run_in(|| UdpSocket::bind(SocketAddr::new(src, 0)))?
             .with_context(|| format!("binding {src} in {}", from.name()))?;
         tx.connect(dst)?;
+        // OPT_ID numbers the timestamps by datagram; TSONLY leaves the payload out of them.
+        let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE
+            | libc::SOF_TIMESTAMPING_SOFTWARE
+            | libc::SOF_TIMESTAMPING_OPT_ID
+            | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+        sys::setsockopt(tx.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPING, &flags)?;
 
         let sender_done = Arc::new(AtomicBool::new(false));
         let receiver = {
@@ -80,44 +90,73 @@ impl Probes {
         };
         let sent = self.send(&tx);
         sender_done.store(true, Ordering::Release);
-        let arrivals = receiver.join().expect("probe receiver panicked")?;
-        Ok(ProbeRun { sent: sent?, arrivals })
+        let received = receiver.join().expect("probe receiver panicked")?;
+        let sent_ns = sent?;
+        let arrivals = received
+            .into_iter()
+            .map(|(seq, received_ns)| {
+                let sent = sent_ns.get(&seq).with_context(|| format!("probe {seq} never sent"))?;
+                Ok(Arrival { seq, one_way_ns: received_ns - sent })
+            })
+            .collect::<Result<_>>()?;
+        Ok(ProbeRun { sent: self.count, arrivals })
     }
 
-    fn send(&self, tx: &UdpSocket) -> Result<u64> {
+    /// Sends the probes and returns their transmit timestamps by sequence number.
+    fn send(&self, tx: &UdpSocket) -> Result<HashMap<u64, i64>> {
         let mut payload = vec![0u8; self.payload];
+        let mut sent_ns = HashMap::with_capacity(self.count as usize);
         for seq in 0..self.count {
             payload[..8].copy_from_slice(&seq.to_le_bytes());
-            payload[8..16].copy_from_slice(&sys::realtime_ns().to_le_bytes());
             tx.send(&payload).with_context(|| format!("sending probe {seq}"))?;
+            collect_tx_timestamps(tx, &mut sent_ns)?;
             thread::sleep(self.gap);
         }
-        Ok(self.count)
+        let deadline = Instant::now() + TX_TIMESTAMP_TIMEOUT;
+        while (sent_ns.len() as u64) < self.count {
+            if Instant::now() >= deadline {
+                bail!("transmit timestamps for {} of {} probes", sent_ns.len(), self.count);
+            }
+            thread::sleep(Duration::from_millis(1));
+            collect_tx_timestamps(tx, &mut sent_ns)?;
+        }
+        Ok(sent_ns)
     }
 }
 
-/// Collects probes until all `count` arrived or `settle` has passed since the sender finished.
-fn receive(rx: &UdpSocket, count: u64, sender_done: &AtomicBool, settle: Duration) -> Result<Vec<Arrival>> {
-    let mut arrivals = Vec::with_capacity(count as usize);
+/// Reads the transmit timestamps waiting in the socket's error queue.
+fn collect_tx_timestamps(tx: &UdpSocket, sent_ns: &mut HashMap<u64, i64>) -> Result<()> {
+    let mut buf = [0u8; 64];
+    let flags = libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT;
+    while let Some(report) = sys::recv(tx.as_raw_fd(), &mut buf, flags)? {
+        if let (Some(id), Some(ns)) = (report.tx_id, report.kernel_ns) {
+            sent_ns.insert(u64::from(id), ns);
+        }
+    }
+    Ok(())
+}
+
+/// Collects (sequence number, receive timestamp) until all `count` probes arrived or `settle`
+/// has passed since the sender finished.
+fn receive(rx: &UdpSocket, count: u64, sender_done: &AtomicBool, settle: Duration) -> Result<Vec<(u64, i64)>> {
+    let mut received = Vec::with_capacity(count as usize);
     let mut buf = [0u8; 2048];
     let mut settle_deadline = None;
-    while (arrivals.len() as u64) < count {
+    while (received.len() as u64) < count {
         if settle_deadline.is_none() && sender_done.load(Ordering::Acquire) {
             settle_deadline = Some(Instant::now() + settle);
         }
         if settle_deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
-        let Some(received) = sys::recv(rx.as_raw_fd(), &mut buf)? else { continue };
-        if received.len < HEADER || received.truncated {
-            bail!("received a {}-byte datagram that is not a probe", received.len);
+        let Some(datagram) = sys::recv(rx.as_raw_fd(), &mut buf, 0)? else { continue };
+        if datagram.len < HEADER || datagram.truncated {
+            bail!("received a {}-byte datagram that is not a probe", datagram.len);
         }
-        let kernel_ns = received.kernel_ns.context("no SO_TIMESTAMPNS timestamp on a probe")?;
-        let seq = u64::from_le_bytes(buf[..8].try_into()?);
-        let sent_ns = i64::from_le_bytes(buf[8..16].try_into()?);
-        arrivals.push(Arrival { seq, one_way_ns: kernel_ns - sent_ns });
+        let received_ns = datagram.kernel_ns.context("no SO_TIMESTAMPNS timestamp on a probe")?;
+        received.push((u64::from_le_bytes(buf[..8].try_into()?), received_ns));
     }
-    Ok(arrivals)
+    Ok(received)
 }
 
 impl ProbeRun {

@@ -50,11 +50,15 @@ pub(crate) struct Received {
     pub(crate) aux: Option<libc::tpacket_auxdata>,
     /// Packet sockets: PACKET_HOST, PACKET_OUTGOING, …
     pub(crate) pkttype: Option<u8>,
+    /// Error queue with SOF_TIMESTAMPING_OPT_ID: which datagram `kernel_ns` is the transmit
+    /// timestamp of (0 for the first one sent after enabling timestamping).
+    pub(crate) tx_id: Option<u32>,
 }
 
-/// `recvmsg` into `buf` with its control messages. `Ok(None)` when nothing is there (a
-/// non-blocking socket, or SO_RCVTIMEO expired) or the call was interrupted by a signal.
-pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
+/// `recvmsg` into `buf` with its control messages; `flags` may add MSG_ERRQUEUE and
+/// MSG_DONTWAIT. `Ok(None)` when nothing is there (a non-blocking socket, or SO_RCVTIMEO
+/// expired) or the call was interrupted by a signal.
+pub(crate) fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> io::Result<Option<Received>> {
     // u64 elements give the control buffer the alignment cmsghdr needs.
     let mut control = [0u64; 32];
     // SAFETY: all-zero is a valid sockaddr_storage.
@@ -70,7 +74,7 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
     msg.msg_controllen = size_of_val(&control);
     // SAFETY: msg points to live buffers of the sizes it claims. MSG_TRUNC makes the kernel
     // return the real length of a frame that did not fit.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_TRUNC) };
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags | libc::MSG_TRUNC) };
     if n < 0 {
         let err = io::Error::last_os_error();
         return match err.raw_os_error() {
@@ -78,8 +82,14 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
             _ => Err(err),
         };
     }
-    let mut received =
-        Received { len: n as usize, truncated: n as usize > buf.len(), kernel_ns: None, aux: None, pkttype: None };
+    let mut received = Received {
+        len: n as usize,
+        truncated: n as usize > buf.len(),
+        kernel_ns: None,
+        aux: None,
+        pkttype: None,
+        tx_id: None,
+    };
     if i32::from(from.ss_family) == libc::AF_PACKET {
         // SAFETY: the kernel filled in a sockaddr_ll, which fits in sockaddr_storage.
         let ll = unsafe { &*(&from as *const libc::sockaddr_storage).cast::<libc::sockaddr_ll>() };
@@ -95,6 +105,17 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
                 (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
                     let ts = data.cast::<libc::timespec>().read_unaligned();
                     received.kernel_ns = Some(ts.tv_sec * 1_000_000_000 + ts.tv_nsec);
+                }
+                // struct scm_timestamping: software, (deprecated), hardware.
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPING) => {
+                    let ts = data.cast::<libc::timespec>().read_unaligned();
+                    received.kernel_ns = Some(ts.tv_sec * 1_000_000_000 + ts.tv_nsec);
+                }
+                (libc::SOL_IP, libc::IP_RECVERR) | (libc::SOL_IPV6, libc::IPV6_RECVERR) => {
+                    let err = data.cast::<libc::sock_extended_err>().read_unaligned();
+                    if err.ee_origin == libc::SO_EE_ORIGIN_TIMESTAMPING {
+                        received.tx_id = Some(err.ee_data);
+                    }
                 }
                 (libc::SOL_PACKET, libc::PACKET_AUXDATA) => {
                     received.aux = Some(data.cast::<libc::tpacket_auxdata>().read_unaligned());
@@ -149,6 +170,16 @@ pub(crate) fn realtime_priority(priority: i32) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: priority };
     // SAFETY: pid 0 is the calling thread; param is valid.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Locks the process's memory, present and future, so that the relay never waits for a page
+/// fault (its binary's pages being evicted under memory pressure from parallel builds, say).
+pub(crate) fn lock_memory() -> io::Result<()> {
+    // SAFETY: plain syscall with flag arguments.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -1,0 +1,47 @@
+//! Real clients run in the testbed's client namespace, with their own latency figures parsed
+//! from their output: the ground truth the estimates are held to.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::netns::Netns;
+
+/// What a load generator measured itself.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLatency {
+    /// Mean request→response latency, seconds.
+    pub mean: f64,
+    pub requests: u64,
+}
+
+/// `wrk` with `connections` keep-alive connections on one thread for `duration` (whole
+/// seconds); its own mean
+/// latency (µs resolution, printed by a `done` hook rather than rounded in the summary).
+pub fn wrk(ns: &Netns, url: &str, connections: u32, duration: Duration) -> Result<ClientLatency> {
+    let script = std::env::temp_dir().join(format!("pirate-wrk-{}.lua", std::process::id()));
+    std::fs::write(
+        &script,
+        "done = function(summary, latency, requests)\n  \
+         io.write(string.format(\"PIRATE %.3f %d %d\\n\", latency.mean, summary.requests, summary.errors.status + summary.errors.read + summary.errors.connect))\n\
+         end\n",
+    )?;
+    let out = ns.run(&[
+        "wrk",
+        "-t1",
+        &format!("-c{connections}"),
+        &format!("-d{}s", duration.as_secs().max(1)),
+        "-s",
+        script.to_str().unwrap(),
+        url,
+    ]);
+    let _ = std::fs::remove_file(&script);
+    let out = out?;
+    let line = out.lines().find_map(|l| l.strip_prefix("PIRATE ")).with_context(|| format!("wrk printed:\n{out}"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (mean_us, requests, errors): (f64, u64, u64) = (f[0].parse()?, f[1].parse()?, f[2].parse()?);
+    if errors > 0 || requests == 0 {
+        bail!("wrk: {requests} requests, {errors} errors:\n{out}");
+    }
+    Ok(ClientLatency { mean: mean_us / 1e6, requests })
+}

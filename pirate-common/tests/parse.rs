@@ -899,6 +899,13 @@ fn ipv6_extension_headers_longer_than_the_payload_are_malformed() {
     assert_eq!(with_plen(&pkt, ext_len + 20), Ok((key6(PROTO_TCP), PacketInfo { payload: 0, pure_ack: true })));
     assert_eq!(with_plen(&pkt, ext_len + 50), Ok((key6(PROTO_TCP), PacketInfo { payload: 30, pure_ack: false })));
 
+    // The overrun is Malformed even when what follows would be Unsupported anyway.
+    for exts in [vec![Ext::HopByHop(1)], vec![Ext::HopByHop(1), Ext::Fragment]] {
+        let pkt = Pkt::tcp6(0, 40, exts.clone()).l4(L4::Other(PROTO_ICMPV6));
+        assert_eq!(with_plen(&pkt, 8), Err(Reject::Malformed), "{exts:?}");
+        assert_eq!(with_plen(&pkt, 16 + exts.len() * 8), Err(Reject::Unsupported), "{exts:?}");
+    }
+
     // One header's own length field far beyond the packet.
     for (i, huge) in [Ext::HopByHop(200), Ext::Routing(255), Ext::Auth(255)].into_iter().enumerate() {
         let mut built = Pkt::tcp6(ACK, 30, exts.clone()).build();

@@ -632,7 +632,7 @@ fn scenario_without_the_pure_ack_skip_the_ack_splits_the_ibg() {
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 2048,
+        cases: 384,
         failure_persistence: None,
         rng_seed: RngSeed::Fixed(0x7ac_4e5),
         ..ProptestConfig::default()

@@ -29,6 +29,7 @@ pub struct PirateConfig {
     pub delta: Dur,
     pub idle_floor: Dur,
     pub min_mode_share: f64,
+    pub min_time_share: f64,
     pub min_ibg_gaps: u64,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
@@ -72,6 +73,7 @@ impl Default for PirateConfig {
             delta: Dur(Duration::from_micros(500)),
             idle_floor: Dur(Duration::from_millis(200)),
             min_mode_share: 0.02,
+            min_time_share: 0.1,
             min_ibg_gaps: 2,
             skip_pure_acks: true,
             mark_after_short: true,
@@ -131,8 +133,10 @@ impl Config {
         if p.min_ibg_gaps == 0 {
             bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
         }
-        if !(0.0..1.0).contains(&p.min_mode_share) {
-            bail!("pirate.min_mode_share = {}: must be in [0, 1)", p.min_mode_share);
+        for (key, v) in [("min_mode_share", p.min_mode_share), ("min_time_share", p.min_time_share)] {
+            if !(0.0..1.0).contains(&v) {
+                bail!("pirate.{key} = {v}: must be in [0, 1)");
+            }
         }
         Ok(())
     }

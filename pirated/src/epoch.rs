@@ -15,6 +15,7 @@ pub fn denoise(config: &Config) -> Denoise {
     Denoise {
         idle_floor_ns: config.pirate.idle_floor.as_nanos(),
         min_mode_share: config.pirate.min_mode_share,
+        min_time_share: config.pirate.min_time_share,
         prefer_candidates: config.pirate.mark_after_short,
         min_ibg_gaps: config.pirate.min_ibg_gaps,
     }

@@ -45,3 +45,28 @@ pub fn wrk(ns: &Netns, url: &str, connections: u32, duration: Duration) -> Resul
     }
     Ok(ClientLatency { mean: mean_us / 1e6, requests })
 }
+
+/// `redis-benchmark` with `clients` connections, `requests` GETs, pipelining `pipeline`; its own
+/// average latency (printed with µs resolution in its CSV output).
+pub fn redis_benchmark(ns: &Netns, host: &str, clients: u32, requests: u32, pipeline: u32) -> Result<ClientLatency> {
+    let out = ns.run(&[
+        "redis-benchmark",
+        "-h",
+        host,
+        "-c",
+        &clients.to_string(),
+        "-n",
+        &requests.to_string(),
+        "-P",
+        &pipeline.to_string(),
+        "-t",
+        "get",
+        "--csv",
+    ])?;
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",…
+    let row =
+        out.lines().find(|l| l.starts_with("\"GET\"")).with_context(|| format!("redis-benchmark printed:\n{out}"))?;
+    let fields: Vec<&str> = row.split(',').map(|f| f.trim_matches('"')).collect();
+    let mean_ms: f64 = fields.get(2).context("no avg_latency_ms column")?.parse()?;
+    Ok(ClientLatency { mean: mean_ms / 1e3, requests: requests as u64 })
+}

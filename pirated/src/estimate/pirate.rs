@@ -14,6 +14,9 @@ pub struct Denoise {
     /// Modes holding less than this share of the epoch's gaps cannot be the IBG: one outlier
     /// gap above the real IBG would otherwise multiply the estimate.
     pub min_mode_share: f64,
+    /// Nor can modes holding less than this share of the time the epoch's gaps span: the IBG
+    /// is where a request-response flow spends its time, outliers are not.
+    pub min_time_share: f64,
     /// Prefer modes with gaps that followed a non-full-size packet as the IBG (§3.4).
     pub prefer_candidates: bool,
     /// Prefer modes of at least this many gaps as the IBG: a lone gap above the rest is a
@@ -36,8 +39,13 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
     if total == 0 {
         return None;
     }
-    let qualifies =
-        |m: &Mode| m.mean_ns() < d.idle_floor_ns as f64 && m.count as f64 >= d.min_mode_share * total as f64;
+    let below_floor = |m: &Mode| m.mean_ns() < d.idle_floor_ns as f64;
+    let time: u64 = modes.iter().filter(|m| below_floor(m)).map(|m| m.sum_ns).sum();
+    let qualifies = |m: &Mode| {
+        below_floor(m)
+            && m.count as f64 >= d.min_mode_share * total as f64
+            && m.sum_ns as f64 >= d.min_time_share * time as f64
+    };
     // The IBG is the largest qualifying mode whose estimate is itself a response latency (below
     // the idle floor: a mode of outlier gaps above the real IBG would otherwise make the epoch one
     // "batch"), preferring modes with candidate gaps (if asked) and modes of `min_ibg_gaps`.
@@ -96,8 +104,13 @@ mod tests {
         Mode { min_ns: ns, max_ns: ns, count, candidates, sum_ns: ns * count }
     }
 
-    const PLAIN: Denoise =
-        Denoise { idle_floor_ns: 200_000_000, min_mode_share: 0.0, prefer_candidates: false, min_ibg_gaps: 1 };
+    const PLAIN: Denoise = Denoise {
+        idle_floor_ns: 200_000_000,
+        min_mode_share: 0.0,
+        min_time_share: 0.0,
+        prefer_candidates: false,
+        min_ibg_gaps: 1,
+    };
 
     #[test]
     fn papers_example_gives_950us() {
@@ -135,6 +148,18 @@ mod tests {
         assert_eq!((est.batches, est.estimate_ns), (14, 1_000_000.0));
         // …but a single gap is an estimate when it is all there is.
         assert_eq!(proportional_mode_sum(&[mode(1_900, 1, 1)], &d).unwrap().estimate_ns, 1_900_000.0);
+    }
+
+    #[test]
+    fn modes_where_little_time_is_spent_are_not_the_ibg() {
+        // 430 one-in-flight gaps of 2.2 ms and a mode of 9 gaps at 3.4 ms (2 % of the gaps,
+        // 3 % of the time): taken as the IBG it would give 110 ms, under the idle floor.
+        let modes = [mode(2_200, 430, 430), mode(3_400, 9, 9)];
+        let count_only = Denoise { min_mode_share: 0.02, min_ibg_gaps: 2, ..PLAIN };
+        assert_eq!(proportional_mode_sum(&modes, &count_only).unwrap().batches, 9);
+        let d = Denoise { min_time_share: 0.1, ..count_only };
+        let est = proportional_mode_sum(&modes, &d).unwrap();
+        assert_eq!((est.batches, est.estimate_ns), (430, 2_200_000.0));
     }
 
     #[test]

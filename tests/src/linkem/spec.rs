@@ -203,9 +203,9 @@ impl fmt::Display for DisplayDuration {
         let ns = self.0.as_nanos();
         if ns == 0 {
             f.write_str("0")
-        } else if ns % 1_000_000 == 0 {
+        } else if ns.is_multiple_of(1_000_000) {
             write!(f, "{}ms", ns / 1_000_000)
-        } else if ns % 1_000 == 0 {
+        } else if ns.is_multiple_of(1_000) {
             write!(f, "{}us", ns / 1_000)
         } else {
             write!(f, "{ns}ns")

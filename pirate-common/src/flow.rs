@@ -28,7 +28,7 @@ pub struct FlowKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowState<const M: usize> {
-    /// Arrival of the last packet in the gap stream (0: none yet).
+    /// Arrival of the last packet in the gap stream (valid once `started`).
     pub last_pkt_ns: u64,
     /// Alg. 1: arrival of the first packet of the current batch.
     pub last_batch_ns: u64,
@@ -43,7 +43,8 @@ pub struct FlowState<const M: usize> {
     pub max_payload: u16,
     /// Whether the last packet in the gap stream was shorter than full size.
     pub prev_short: u8,
-    pub _pad: u8,
+    /// Whether a packet has entered the gap stream (0 is a valid timestamp in replay).
+    pub started: u8,
     pub modes: Modes<M>,
 }
 
@@ -58,7 +59,7 @@ impl<const M: usize> FlowState<M> {
             packets: 0,
             max_payload: 0,
             prev_short: 0,
-            _pad: 0,
+            started: 0,
             modes: Modes::new(),
         }
     }

@@ -81,7 +81,9 @@ pub fn parse<F: Frame + ?Sized>(f: &F) -> Result<(FlowKey, PacketInfo), Reject> 
 }
 
 /// Returns the transport header's offset and the transport segment's length (header + payload),
-/// taken from the IP header: Ethernet padding must not count as payload.
+/// taken from the IP header: Ethernet padding must not count as payload. The length is not
+/// bounded by the frame on purpose: captures cut at a snapshot length and multi-buffer XDP frames
+/// hold less than the IP length says, and the payload size is what the heuristics need.
 #[inline(always)]
 fn ipv4<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usize, usize), Reject> {
     let vihl: u8 = f.read(off).ok_or(Reject::Malformed)?;
@@ -154,6 +156,8 @@ fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     if hdr < 20 || hdr > seg_len {
         return Err(Reject::Malformed);
     }
+    // The whole header (options included) must be in the frame, not just the fields read.
+    let _: u8 = f.read(off + hdr - 1).ok_or(Reject::Malformed)?;
     key.sport = u16::from_be_bytes([ports[0], ports[1]]);
     key.dport = u16::from_be_bytes([ports[2], ports[3]]);
     let payload = seg_len - hdr;
@@ -164,7 +168,7 @@ fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
 
 #[inline(always)]
 fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
-    let hdr: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
+    let hdr: [u8; 8] = f.read(off).ok_or(Reject::Malformed)?;
     if seg_len < 8 {
         return Err(Reject::Malformed);
     }

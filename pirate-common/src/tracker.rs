@@ -42,7 +42,8 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     let after_short = st.prev_short != 0 || !p.has(FLAG_MARK_AFTER_SHORT);
     st.prev_short = short as u8;
 
-    if st.last_pkt_ns == 0 || now < st.last_pkt_ns {
+    if st.started == 0 || now < st.last_pkt_ns {
+        st.started = 1;
         st.last_pkt_ns = now;
         st.last_batch_ns = now;
         return Step::First;

@@ -777,25 +777,10 @@ fn truncated_frames_never_parse_before_the_transport_fields_are_read() {
 }
 
 #[test]
-#[ignore = "BUG (parse.rs): only the first 14 bytes of the TCP header and 4 of the UDP header are required \
-            to be in the frame; a frame cut inside the TCP options or the UDP length/checksum parses Ok"]
 fn truncated_inside_the_transport_header_is_malformed() {
     for pkt in truncation_subjects() {
         let built = pkt.build();
         for n in 0..built.l4 + built.l4_hdr {
-            assert_eq!(parse_bytes(&built.bytes[..n]), Err(Reject::Malformed), "{pkt:?} cut to {n} bytes");
-        }
-    }
-}
-
-#[test]
-#[ignore = "spec question (parse.rs): the IP length is trusted without checking it against the frame, so a \
-            frame cut inside its payload parses Ok with the untruncated payload length (wanted for \
-            snaplen-limited pcaps and multi-buffer XDP; not if the spec is 'every truncation is Malformed')"]
-fn truncated_inside_the_payload_is_malformed() {
-    for pkt in truncation_subjects() {
-        let built = pkt.build();
-        for n in 0..built.end {
             assert_eq!(parse_bytes(&built.bytes[..n]), Err(Reject::Malformed), "{pkt:?} cut to {n} bytes");
         }
     }
@@ -922,13 +907,13 @@ fn ipv6_extension_headers_longer_than_the_payload_are_malformed() {
 fn ip_version_must_match_the_ethertype() {
     for (pkt, wrong) in [
         (Pkt::tcp4(ACK, 10), [0x05u8, 0x65, 0x55, 0xf5]),
-        (Pkt::udp4(10), [0x05, 0x65, 0x35, 0x45 ^ 0x10]),
+        (Pkt::udp4(10), [0x05, 0x65, 0x35, 0x55]),
         (Pkt::tcp6(ACK, 10, vec![]), [0x00, 0x40, 0x45, 0x70]),
         (Pkt::udp6(10, vec![]), [0x45, 0xf0, 0x50, 0x20]),
     ] {
         for v in wrong {
             let mut built = pkt.build();
-            // Keep the IPv4 IHL nibble valid so only the version is wrong.
+            // The IPv4 cases keep IHL 5, so only the version is wrong.
             built.bytes[built.l3] = v;
             assert_eq!(parse_bytes(&built.bytes), Err(Reject::Malformed), "{pkt:?} with first IP byte {v:#04x}");
         }
@@ -983,7 +968,7 @@ fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 4096,
         failure_persistence: None,
-        rng_seed: RngSeed::Fixed(0x5eed_0f_9a75e),
+        rng_seed: RngSeed::Fixed(0x05ee_d0f9_a75e),
         ..ProptestConfig::default()
     }
 }
@@ -1025,19 +1010,6 @@ proptest! {
             let mut longer = frame.clone();
             longer.extend_from_slice(&extra);
             prop_assert_eq!(parse_bytes(&longer), parsed);
-        }
-    }
-}
-
-proptest! {
-    #![proptest_config(config())]
-
-    #[test]
-    #[ignore = "spec question (parse.rs): payload comes from the IP length without a bound by the frame \
-                length, e.g. IPv4 total length 0xffff in a 60-byte frame gives payload 65495"]
-    fn ok_payload_never_exceeds_the_frame(frame in frames()) {
-        if let Ok((_, info)) = parse_bytes(&frame) {
-            prop_assert!(info.payload as usize <= frame.len(), "payload {} from a {}-byte frame", info.payload, frame.len());
         }
     }
 }

@@ -443,9 +443,6 @@ fn a_timestamp_going_backwards_restarts_the_stream() {
 }
 
 #[test]
-#[ignore = "BUG (tracker.rs): last_pkt_ns == 0 doubles as 'no packet yet', so a packet at time 0 \
-            (e.g. a replayed pcap whose clock starts at 0) leaves the flow looking empty and the \
-            next packet is First again instead of a gap"]
 fn a_packet_at_time_zero_starts_the_stream() {
     let p = params(0);
     let mut st = St::new(1);

@@ -7,3 +7,4 @@ pub mod linkem;
 pub mod netns;
 pub mod servers;
 pub mod testbed;
+pub mod webclient;

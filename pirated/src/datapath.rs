@@ -104,10 +104,6 @@ impl Datapath {
     /// Loads the program for `config` into the kernel and writes its parameters, without
     /// attaching it anywhere. Errors say what to do: privileges, verifier log.
     pub fn load(config: &Config) -> anyhow::Result<Datapath> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            bail!("pirated needs root (CAP_BPF, CAP_NET_ADMIN) to load and attach XDP programs");
-        }
         let layout = Layout::for_modes(config.pirate.modes);
         let (flows, other) = match layout {
             Layout::Compact => ("FLOWS", "FLOWS_WIDE"),
@@ -123,7 +119,7 @@ impl Datapath {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
                     if io_error.raw_os_error() == Some(libc::EPERM) =>
                 {
-                    anyhow!("creating BPF maps was refused (EPERM): run as root, with CAP_BPF and CAP_NET_ADMIN")
+                    anyhow!("creating BPF maps was refused (EPERM): pirated needs root, or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN")
                 }
                 e => anyhow!(e).context("loading the BPF object"),
             })?;

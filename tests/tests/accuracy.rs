@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use pirate_tests::{
-    clients::wrk,
+    clients::{redis_benchmark, wrk},
     linkem::LinkSpec,
-    servers::nginx,
+    servers::{nginx, redis},
     testbed::{Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
     webclient,
 };
@@ -151,4 +151,28 @@ fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>
         quantile(errors.clone(), 0.9) * 100.0
     );
     Ok(errors)
+}
+
+/// A third-party pair with keep-alive: redis-benchmark (one client, GETs) against redis, 5 ms
+/// added on the return path; truth is redis-benchmark's own average latency.
+#[test]
+fn redis_benchmark_against_redis() -> Result<()> {
+    let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
+    let _redis = redis(&tb.server)?;
+    let emu =
+        tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(Duration::from_millis(5)), &LinkSpec::default(), 3)?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "")?;
+    let truth = redis_benchmark(&tb.client, SERVER_IP, 1, 600, 1)?;
+    let lines = pirated.stop()?;
+    emu.stop()?;
+    let est = server_mean(&lines, &format!("{SERVER_IP}:6379")).expect("no estimate for redis");
+    let err = (est - truth.mean) / truth.mean;
+    eprintln!(
+        "redis-benchmark mean {:.3} ms, pirated {:.3} ms, error {:+.2} %",
+        truth.mean * 1e3,
+        est * 1e3,
+        err * 100.0
+    );
+    assert!(err.abs() <= 0.02, "error {:+.2} %", err * 100.0);
+    Ok(())
 }

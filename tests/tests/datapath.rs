@@ -113,3 +113,85 @@ fn single_mode_estimate_matches_sender_clock() -> Result<()> {
     assert!(err.abs() < 0.01, "estimate {est:.0} ns vs sender's {truth_ns:.0} ns");
     Ok(())
 }
+
+/// Sends raw Ethernet frames out of `ifname` (from inside the calling thread's namespace).
+fn send_frames(ifname: &str, frames: &[Vec<u8>]) -> Result<()> {
+    // SAFETY: plain socket calls on a descriptor we own; addresses are valid for their lengths.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        anyhow::ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        let name = std::ffi::CString::new(ifname)?;
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+        addr.sll_halen = 6;
+        for f in frames {
+            let sa = &addr as *const libc::sockaddr_ll as *const libc::sockaddr;
+            let n = libc::sendto(fd, f.as_ptr().cast(), f.len(), 0, sa, size_of::<libc::sockaddr_ll>() as u32);
+            anyhow::ensure!(n == f.len() as isize, "sendto: {}", std::io::Error::last_os_error());
+        }
+        libc::close(fd);
+    }
+    Ok(())
+}
+
+fn snmp_counter(tb_ns: &pirate_tests::netns::Netns, proto: &str, field: &str) -> Result<u64> {
+    let text = tb_ns.run(&["cat", "/proc/net/snmp"])?;
+    let mut rows = text.lines().filter(|l| l.starts_with(&format!("{proto}:")));
+    let (names, values) = (rows.next().unwrap(), rows.next().unwrap());
+    let i = names.split_whitespace().position(|n| n == field).unwrap();
+    Ok(values.split_whitespace().nth(i).unwrap().parse()?)
+}
+
+/// Frames the parser must reject are counted as malformed and still handed to the kernel's
+/// stack (which then counts them as its own header errors): pirated never drops a packet.
+#[test]
+fn malformed_frames_are_counted_and_passed() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
+    let vp_mac: Vec<u8> = tb.vp.mac(VP_CLIENT_IF)?.split(':').map(|h| u8::from_str_radix(h, 16).unwrap()).collect();
+    let mut base = Vec::new();
+    base.extend_from_slice(&vp_mac);
+    base.extend_from_slice(&[0x02, 0, 0, 0, 0, 9, 0x08, 0x00]);
+    // IPv4 with IHL 3 (below the minimum of 5), then one whose total length is below its IHL.
+    let mut bad_ihl = base.clone();
+    bad_ihl.extend_from_slice(&[0x43, 0, 0, 40, 0, 0, 0, 0, 64, 6, 0, 0, 10, 201, 1, 1, 10, 201, 2, 2]);
+    bad_ihl.resize(60, 0);
+    let mut short_total = base.clone();
+    short_total.extend_from_slice(&[0x45, 0, 0, 12, 0, 0, 0, 0, 64, 17, 0, 0, 10, 201, 1, 1, 10, 201, 2, 2]);
+    short_total.resize(60, 0);
+    let frames: Vec<Vec<u8>> = (0..50).flat_map(|_| [bad_ihl.clone(), short_total.clone()]).collect();
+    let before = snmp_counter(&tb.vp, "Ip", "InHdrErrors")?;
+    tb.client.run_in(|| send_frames("c-vp", &frames))??;
+    std::thread::sleep(Duration::from_millis(500));
+    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let after = snmp_counter(&tb.vp, "Ip", "InHdrErrors")?;
+    pirated.stop()?;
+    assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"malformed\"}"), 100);
+    assert_eq!(after - before, 100, "the kernel's IP layer saw every malformed frame");
+    Ok(())
+}
+
+/// IPv6 end to end: TCP over IPv6 through the vantage point is measured like IPv4.
+#[test]
+fn ipv6_flows_are_measured() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let _nginx = pirate_tests::servers::nginx(&tb.server, &[("small", 100)])?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
+    let url = format!("http://[{}]/small", pirate_tests::testbed::SERVER_IP6);
+    let urls: Vec<&str> = std::iter::repeat_n(url.as_str(), 30).collect();
+    let mut args = vec!["curl", "-sf", "-o", "/dev/null"];
+    args.extend(urls);
+    tb.client.run(&args)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = pirated.stop()?;
+    let server = format!("[{}]:80", pirate_tests::testbed::SERVER_IP6);
+    let flows: Vec<&Value> = lines.iter().filter(|v| v["type"] == "flow" && v["server"] == server.as_str()).collect();
+    assert!(!flows.is_empty(), "no IPv6 flow in {lines:?}");
+    assert!(flows.iter().all(|v| v["client"].as_str().unwrap().starts_with("[fd00:201:1::1]:")));
+    let packets: u64 = flows.iter().map(|v| v["packets"].as_u64().unwrap()).sum();
+    // 30 requests and the SYN; the handshake's and responses' pure ACKs are skipped.
+    assert!(packets >= 31, "{packets} packets");
+    assert!(flows.iter().any(|v| v["estimate_ns"].as_u64().is_some()));
+    Ok(())
+}

@@ -511,25 +511,40 @@ fn binary_is_found_next_to_the_tests() {
 fn scratch() {
     let _serial = serial();
     let bed = Bed::quiet();
-    let probes = Probes { count: 300, gap: Duration::from_millis(5), ..Probes::default() };
-    let args = std::env::var("SCRATCH_ARGS").unwrap_or_default();
-    let ab = std::env::var("SCRATCH_AB").unwrap_or("delay=1ms".into());
-    for _ in 0..3 {
-        let bin = linkem_binary();
-        let mut cmd_args = vec![bin.to_str().unwrap(), "--a", "a", "--b", "b", "--ab", &ab];
-        cmd_args.extend(args.split_whitespace());
-        let mut child = bed.link.ns().command(&cmd_args).stdout(std::process::Stdio::piped()).spawn().unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line).unwrap();
-        let wire = delays(&bed.probe_wire(&probes));
-        let run = bed.probe(&probes);
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        child.wait().unwrap();
-        let s = delays(&run);
-        let mut v = run.one_way_ns();
-        v.sort();
-        println!("{args} {ab}: wire {wire}\n   emu {s}\n   p90={} p95={} {}", v[270] / 1000, v[285] / 1000, out.trim());
+    let probes = Probes { count: 1000, gap: Duration::from_millis(2), ..Probes::default() };
+    let ab = std::env::var("SCRATCH_AB").unwrap_or("delay=5ms".into());
+    for round in 0..3 {
+        for args in ["--spin 200us", "--spin 500us", "--spin 1ms", "--spin 2ms"] {
+            let bin = linkem_binary();
+            let mut cmd_args = vec![bin.to_str().unwrap(), "--a", "a", "--b", "b", "--ab", &ab];
+            cmd_args.extend(args.split_whitespace());
+            let mut child = bed.link.ns().command(&cmd_args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.as_mut().unwrap()), &mut line)
+                .unwrap();
+            let st0 = std::fs::read_to_string("/proc/stat")
+                .unwrap()
+                .split_whitespace()
+                .nth(8)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap();
+            let run = bed.probe(&probes);
+            let st1 = std::fs::read_to_string("/proc/stat")
+                .unwrap()
+                .split_whitespace()
+                .nth(8)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap();
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let mut out = String::new();
+            child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+            child.wait().unwrap();
+            let c: Counters = serde_json::from_str(out.trim()).unwrap();
+            let s = delays(&run);
+            let late = run.arrivals.iter().filter(|a| a.one_way_ns > 5_100_000).count();
+            println!("{round} {args}: late>100us {late} sent_late {} max {}us steal {} | median {:.1} mean {:.1} p99 {:.1} max {:.1}", c.ab.sent_late, c.ab.max_send_lateness_ns / 1000, st1 - st0, s.median / 1e3, s.mean / 1e3, s.p99 / 1e3, s.max / 1e3);
+        }
     }
 }

@@ -153,7 +153,6 @@ fn hand_over<const M: usize>(key: &FlowKey, st: &FlowState<M>) {
     }
 }
 
-
 /// The baseline of `cargo xtask bench datapath`: an XDP program that only passes.
 #[xdp]
 pub fn bare_pass(_ctx: XdpContext) -> u32 {

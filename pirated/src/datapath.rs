@@ -293,6 +293,8 @@ fn verifier_error(e: ProgramError) -> anyhow::Error {
     }
 }
 
+/// Pins the maps an operator may inspect or another program may share (the flow table, counters,
+/// configuration, epoch, the tail-call array); the ring buffer has been taken by pirated already.
 fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     if dir.exists() {
         // A previous run that died without cleaning up; its pins hold nothing we reuse.

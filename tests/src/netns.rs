@@ -75,7 +75,7 @@ impl Netns {
         run_checked(Command::new("ip").args(["netns", "add", &name]))?;
         // From here on Drop cleans up, also when the next step fails.
         let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"])?;
+        ns.ip(&["link", "set", "dev", "lo", "up"])?;
         Ok(ns)
     }
 

@@ -161,13 +161,15 @@ impl Pirated {
                 }
             }
         });
-        // Attached once it logs so on stderr; keep forwarding stderr to ours afterwards.
+        // Attached once it logs so on stderr; warnings and errors are forwarded to ours.
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[pirated] {line}");
+                if line.contains("WARN") || line.contains("ERROR") || line.contains("error") {
+                    eprintln!("[pirated] {line}");
+                }
                 if line.contains("attached") || line.contains("error") {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(line);
@@ -187,6 +189,10 @@ impl Pirated {
                 bail!("pirated did not attach within 30 s")
             }
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// JSON lines received so far.

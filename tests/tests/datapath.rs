@@ -195,3 +195,51 @@ fn ipv6_flows_are_measured() -> Result<()> {
     assert!(flows.iter().any(|v| v["estimate_ns"].as_u64().is_some()));
     Ok(())
 }
+
+/// A flow table far smaller than the traffic: the LRU table evicts, every packet still passes,
+/// and the table never holds more than its capacity.
+#[test]
+fn a_full_flow_table_evicts_and_passes() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let received = udp_sink(&tb, 9002)?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "epoch = \"200ms\"\nmax_flows = 16\n")?;
+    const FLOWS: u64 = 200;
+    for _ in 0..3 {
+        for _ in 0..FLOWS {
+            let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, 0)))??;
+            sock.send_to(b"x", (SERVER_IP, 9002))?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    pirated.stop()?;
+    assert_eq!(received.load(Ordering::Relaxed), 3 * FLOWS, "every datagram reaches the server");
+    let tracked = metric(&metrics, "pirated_flows_tracked");
+    assert!((1..=16).contains(&tracked), "{tracked} flows tracked in a 16-entry table");
+    let new_flows = metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}");
+    let full = metric(&metrics, "pirated_packets_total{outcome=\"map_full\"}");
+    assert_eq!(new_flows + full, 3 * FLOWS, "each datagram is its own flow: new, or refused and counted");
+    Ok(())
+}
+
+/// pirated pins its maps under /sys/fs/bpf/pirated/<instance> while it runs, and stopping it
+/// detaches the program.
+#[test]
+fn pins_maps_and_detaches_on_stop() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
+    let attached = tb.vp.ip(&["-d", "link", "show", VP_CLIENT_IF])?;
+    assert!(attached.contains("prog/xdp"), "no XDP program on {VP_CLIENT_IF}:\n{attached}");
+    // `ip netns exec` gave pirated its own mount namespace: look through its root.
+    let dir = format!("/proc/{}/root/sys/fs/bpf/pirated/{}", pirated.pid(), tb.vp.name());
+    let mut pins: Vec<String> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    pins.sort();
+    // The hand-over ring buffer is pirated's alone to consume, and is not pinned.
+    assert_eq!(pins, ["CONFIG", "COUNTERS", "EPOCH", "FLOWS", "ROOT_ARRAY"]);
+    pirated.stop()?;
+    let detached = tb.vp.ip(&["-d", "link", "show", VP_CLIENT_IF])?;
+    assert!(!detached.contains("prog/xdp"), "XDP program left on {VP_CLIENT_IF}:\n{detached}");
+    Ok(())
+}

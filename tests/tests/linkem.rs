@@ -191,10 +191,13 @@ fn delay_20ms() {
 /// Jitter of 1 ms on a 5 ms delay: the delays centre on 5 ms, fall within the distribution's
 /// range, and spread with its standard deviation `sd`.
 ///
-/// The range is `delay ± jitter` for uniform and ±5 sd (one in 1.7 million) for normal. The few
-/// frames a descheduled virtual CPU makes late fall outside it; at most 1 % may, and the standard
-/// deviation is that of the others, since one 20 ms straggler among 5000 samples adds 4 % to a
-/// 1 ms standard deviation. The path's own spread (about 1 µs) is negligible.
+/// The range is `delay ± jitter` for uniform and ±5 sd (one in 1.7 million) for normal. Frames
+/// the relay could not send in time fall outside it: when the host deschedules a virtual CPU, or
+/// another test's relay holds it, for tens of milliseconds (stalls of 15–45 ms were seen here on
+/// a busy machine), every frame due meanwhile leaves late. At most 3 % may (a 45 ms stall makes
+/// 1.8 %), which still fails an emulator that is late systematically. The standard deviation is
+/// that of the others, since one 20 ms straggler among 5000 samples adds 4 % to a 1 ms standard
+/// deviation. The path's own spread (about 1 µs) is negligible.
 fn check_jitter(spec: &str, range: (f64, f64), sd: f64) {
     let _serial = serial();
     let bed = Bed::quiet();
@@ -225,7 +228,7 @@ fn check_jitter(spec: &str, range: (f64, f64), sd: f64) {
         (emulated.sd - sd) / sd * 100.0
     );
     assert!(
-        outside.len() <= run.arrivals.len() / 100,
+        outside.len() <= run.arrivals.len() * 3 / 100,
         "{} probes outside {:.0}..{:.0}µs: {outside:?}",
         outside.len(),
         range.0 / 1e3,
@@ -298,12 +301,14 @@ fn reorder() {
     assert_eq!(run.lost(), 0, "probes lost on a link without loss");
     let n = run.arrivals.len() as u64;
     println!("delay=5ms,reorder=0.25:");
-    // Reordered probes skip the delay: the one-way delays fall into two clusters.
-    let (fast, slow): (Vec<i64>, Vec<i64>) = run.one_way_ns().into_iter().partition(|&d| (d as f64) < delay / 2.0);
+    // Reordered probes skip the delay: the one-way delays fall into two clusters. A frame that a
+    // descheduled virtual CPU made late may land between them; at most 1 % may.
+    let (fast, rest): (Vec<i64>, Vec<i64>) = run.one_way_ns().into_iter().partition(|&d| (d as f64) < delay / 5.0);
+    let (slow, between): (Vec<i64>, Vec<i64>) = rest.into_iter().partition(|&d| d as f64 >= delay);
     let (fast, slow) = (Summary::of(&fast), Summary::of(&slow));
-    println!("  skipped the delay: {fast}\n  took the delay:    {slow}");
+    println!("  skipped the delay: {fast}\n  took the delay:    {slow}\n  in between: {between:?}");
     assert_binomial("probes that skipped the delay", fast.n as u64, n, 0.25, 4.0);
-    assert!(slow.min >= delay, "a probe that was not reordered left early: {slow}");
+    assert!(between.len() as u64 <= n / 100, "{} probes neither skipped nor took the delay", between.len());
     // Out of order at the receiver: a reordered probe overtakes the ~10 sent before it, unless
     // all of them were reordered too (0.25^10) or the sender stalled for the whole delay.
     let overtaking = run.overtaking();
@@ -523,4 +528,27 @@ fn transparent_bridge_for_arp_and_ndp() {
 #[test]
 fn binary_is_found_next_to_the_tests() {
     assert_eq!(linkem_binary(), std::path::Path::new(env!("CARGO_BIN_EXE_pirate-linkem")));
+}
+
+/// Why [`Netns::offloads_off`] turns tx checksumming off: with it on, the sender leaves the UDP
+/// checksum to the "hardware", the relay copies the frame as it is, and the receiver, which
+/// verifies checksums, drops every datagram. The emulator reports such frames as `csum_partial`.
+#[test]
+fn checksum_offload_is_detected() {
+    let _serial = serial();
+    let bed = Bed::quiet();
+    bed.cli.run(&["ethtool", "-K", "eth0", "tx", "on"]).unwrap();
+    let emulator = bed.start("delay=0", "delay=0", 1);
+    let probes =
+        Probes { count: 10, gap: Duration::from_millis(1), settle: Duration::from_millis(200), ..Probes::default() };
+    let run = bed.probe(&probes);
+    let counters = emulator.stop().unwrap();
+    println!(
+        "tx checksum offload on: {} of {} probes arrived; emulator: {:?}",
+        run.arrivals.len(),
+        run.sent,
+        counters.ab
+    );
+    assert_eq!(run.lost(), run.sent, "datagrams with unfinished checksums were accepted");
+    assert_eq!(counters.ab.csum_partial, run.sent, "the emulator did not flag the unfinished checksums");
 }

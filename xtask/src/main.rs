@@ -77,7 +77,12 @@ fn main() -> Result<()> {
             // Testbed tests spawn pirated and the link emulator from target/debug.
             run(&mut cargo(&["build", "--workspace", "--bins", "--quiet"]))?;
             // One test at a time: testbeds share two CPUs, and accuracy tests need them quiet.
-            run(cargo(&["test", "--workspace", "--no-fail-fast"]).args(&args).args(["--", "--test-threads=1"]))
+            // Uncaptured, so the log shows every accuracy figure next to its bound.
+            run(cargo(&["test", "--workspace", "--no-fail-fast"]).args(&args).args([
+                "--",
+                "--test-threads=1",
+                "--nocapture",
+            ]))
         }
         Task::Bench { which: Bench::Datapath { args } } => {
             run(&mut cargo(&["build", "--release", "--quiet", "-p", "pirate-tests", "--bin", "pirate-bench"]))?;

@@ -74,7 +74,8 @@ pub struct DirCounters {
     pub dropped_queue_full: u64,
     /// Still queued when the emulator stopped.
     pub unsent_at_exit: u64,
-    /// Frames the kernel dropped before the relay read them (socket buffer full); not in `received`.
+    /// Frames the kernel dropped before the relay read them (socket buffer full); not in
+    /// `received`.
     pub kernel_drops: u64,
     /// Frames relayed with their checksum not filled in (the sender had tx checksum offload on);
     /// the receiver will see bad checksums unless it trusts them.

@@ -26,6 +26,9 @@ fn check_invariants<const M: usize>(m: &Modes<M>, eps: Epsilon, max_modes: u32) 
 }
 
 proptest! {
+    // Integration tests have no lib.rs beside them for proptest to persist failures next to.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
     #[test]
     fn invariants_hold_and_nothing_is_lost(
         gaps in prop::collection::vec((0u32..20_000_000, any::<bool>()), 1..400),

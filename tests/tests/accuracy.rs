@@ -8,32 +8,9 @@ use pirate_tests::{
     clients::{redis_benchmark, wrk},
     linkem::LinkSpec,
     servers::{nginx, redis},
-    testbed::{Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{batch_weighted_mean, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
     webclient,
 };
-use serde_json::Value;
-
-/// The batch-weighted mean of pirated's per-server estimates for `server` over a run, seconds.
-fn server_mean(lines: &[Value], server: &str) -> Option<f64> {
-    let (mut total, mut batches) = (0.0, 0u64);
-    for v in lines.iter().filter(|v| v["type"] == "server" && v["server"] == server) {
-        let b = v["batches"].as_u64()?;
-        total += v["estimate_ns"].as_f64()? * b as f64;
-        batches += b;
-    }
-    (batches > 0).then(|| total / batches as f64 / 1e9)
-}
-
-/// The batch-weighted mean of pirated's estimates for the flow from `client`, seconds.
-fn flow_mean(lines: &[Value], client: &str) -> Option<f64> {
-    let (mut total, mut batches) = (0.0, 0u64);
-    for v in lines.iter().filter(|v| v["type"] == "flow" && v["client"] == client) {
-        let (Some(e), Some(b)) = (v["estimate_ns"].as_f64(), v["batches"].as_u64()) else { continue };
-        total += e * b as f64;
-        batches += b;
-    }
-    (batches > 0).then(|| total / batches as f64 / 1e9)
-}
 
 fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -64,7 +41,7 @@ fn one_in_flight_single_packet_responses() -> Result<()> {
         if std::env::var_os("PIRATE_TEST_DUMP").is_some() {
             lines.iter().for_each(|l| eprintln!("{l}"));
         }
-        let est = server_mean(&lines, &format!("{SERVER_IP}:80")).expect("no server estimate");
+        let est = batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:80"))).expect("no server estimate").0;
         let err = (est - truth.mean) / truth.mean;
         eprintln!(
             "delay {delay_ms:>2} ms: wrk mean {:.3} ms over {} requests, pirated {:.3} ms, error {:+.2} %",
@@ -129,7 +106,8 @@ fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>
     // pirated's default idle floor: batches stalled by a retransmission timeout are not latency.
     let floor = Duration::from_millis(200);
     for run in &runs {
-        let est = flow_mean(&lines, &run.local.to_string()).expect("no estimate for a connection");
+        let est =
+            batch_weighted_mean(&lines, Of::Flow(&run.local.to_string())).expect("no estimate for a connection").0;
         let (truth, kept) = run.mean_batch_latency(floor);
         let err = (est - truth) / truth;
         eprintln!(
@@ -165,7 +143,7 @@ fn redis_benchmark_against_redis() -> Result<()> {
     let truth = redis_benchmark(&tb.client, SERVER_IP, 1, 600, 1)?;
     let lines = pirated.stop()?;
     emu.stop()?;
-    let est = server_mean(&lines, &format!("{SERVER_IP}:6379")).expect("no estimate for redis");
+    let est = batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:6379"))).expect("no estimate for redis").0;
     let err = (est - truth.mean) / truth.mean;
     eprintln!(
         "redis-benchmark mean {:.3} ms, pirated {:.3} ms, error {:+.2} %",

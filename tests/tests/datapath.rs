@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::Result;
-use pirate_tests::testbed::{OnePoint, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
+use pirate_tests::testbed::{batch_weighted_mean, Of, OnePoint, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
 use serde_json::Value;
 
 const CONFIG: &str = "epoch = \"200ms\"\n";
@@ -99,15 +99,10 @@ fn single_mode_estimate_matches_sender_clock() -> Result<()> {
     std::thread::sleep(Duration::from_millis(500));
     let lines = pirated.stop()?;
     let truth_ns = (sent[sent.len() - 1] - sent[0]).as_nanos() as f64 / (sent.len() - 1) as f64;
-    let (mut kept, mut batches) = (0f64, 0u64);
-    for v in flow_lines(&lines, sport) {
-        if let (Some(e), Some(b)) = (v["estimate_ns"].as_f64(), v["batches"].as_u64()) {
-            kept += e * b as f64;
-            batches += b;
-        }
-    }
+    let client = format!("{CLIENT_IP}:{sport}");
+    let (est, batches) = batch_weighted_mean(&lines, Of::Flow(&client)).expect("no estimate");
+    let est = est * 1e9;
     assert!(batches as usize >= sent.len() * 9 / 10, "batches {batches} of {} gaps", sent.len() - 1);
-    let est = kept / batches as f64;
     let err = (est - truth_ns) / truth_ns;
     eprintln!("sender mean gap {truth_ns:.0} ns, pirated {est:.0} ns, error {:.3} %", err * 100.0);
     assert!(err.abs() < 0.01, "estimate {est:.0} ns vs sender's {truth_ns:.0} ns");
@@ -204,11 +199,12 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     let received = udp_sink(&tb, 9002)?;
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "epoch = \"200ms\"\nmax_flows = 16\n")?;
     const FLOWS: u64 = 200;
-    for _ in 0..3 {
-        for _ in 0..FLOWS {
-            let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, 0)))??;
-            sock.send_to(b"x", (SERVER_IP, 9002))?;
-        }
+    // All sockets stay open, so no source port (and no flow) repeats.
+    let mut socks = Vec::new();
+    for _ in 0..3 * FLOWS {
+        let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, 0)))??;
+        sock.send_to(b"x", (SERVER_IP, 9002))?;
+        socks.push(sock);
     }
     std::thread::sleep(Duration::from_millis(500));
     let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;

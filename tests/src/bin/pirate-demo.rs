@@ -10,19 +10,8 @@ use pirate_tests::{
     clients::{redis_benchmark, wrk, ClientLatency},
     linkem::LinkSpec,
     servers::{nginx, redis},
-    testbed::{Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{batch_weighted_mean, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
-use serde_json::Value;
-
-fn server_mean(lines: &[Value], server: &str) -> Option<(f64, u64)> {
-    let (mut total, mut batches) = (0.0, 0u64);
-    for v in lines.iter().filter(|v| v["type"] == "server" && v["server"] == server) {
-        let b = v["batches"].as_u64()?;
-        total += v["estimate_ns"].as_f64()? * b as f64;
-        batches += b;
-    }
-    (batches > 0).then(|| (total / batches as f64 / 1e9, batches))
-}
 
 struct Case {
     name: &'static str,
@@ -72,7 +61,7 @@ fn main() -> Result<()> {
         }
         let lines = pirated.stop()?;
         emu.stop()?;
-        rows.push((case, truth, server_mean(&lines, &format!("{SERVER_IP}:{}", case.port))));
+        rows.push((case, truth, batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:{}", case.port)))));
     }
 
     println!("\n{:<40} {:>14} {:>14} {:>9} {:>9}", "case", "client mean", "pirated", "error", "batches");

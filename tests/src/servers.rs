@@ -97,6 +97,10 @@ pub fn redis(ns: &Netns) -> Result<Server> {
             "--loglevel",
             "warning",
         ])
+        // It prints a start-up banner before its configuration applies; a failure to start shows
+        // as the port never opening.
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .context("starting redis-server")?;
     let server = Server { child, dir };

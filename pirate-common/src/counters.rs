@@ -19,8 +19,10 @@ pub const NEW_FLOW: u32 = 6;
 pub const EVENT_RECORD_LOST: u32 = 7;
 /// Event: a flow's finished epoch was handed over through the ring buffer.
 pub const EVENT_RECORD_SENT: u32 = 8;
+/// Event: nothing sat in `ROOT_ARRAY[0]` (or the tail call failed); the packet went to XDP_PASS.
+pub const EVENT_NO_TAIL_CALL: u32 = 9;
 
-pub const COUNT: u32 = 9;
+pub const COUNT: u32 = 10;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -33,6 +35,7 @@ pub const NAMES: [&str; COUNT as usize] = [
     "new_flow",
     "record_lost",
     "record_sent",
+    "no_tail_call",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

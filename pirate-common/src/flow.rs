@@ -64,6 +64,13 @@ impl<const M: usize> FlowState<M> {
         }
     }
 
+    /// Whether the epoch this state holds must be handed over before `epoch` starts: only the
+    /// epoch that just closed, and only if it saw packets. An older one was already read from the
+    /// table by pirated's drain, and an empty one carries nothing.
+    pub fn hand_over_due(&self, epoch: u32) -> bool {
+        self.packets > 0 && self.epoch.wrapping_add(1) == epoch
+    }
+
     /// Starts `epoch`: the measurement fields restart, the flow's timing continues.
     pub fn start_epoch(&mut self, epoch: u32) {
         self.epoch = epoch;

@@ -15,12 +15,18 @@ pub mod tracker;
 #[cfg(feature = "user")]
 mod pod {
     //! aya needs to know these types are plain old data to copy them in and out of maps.
+    //! Only for the two layouts the datapath uses, whose sizes are checked to have no padding.
     use crate::{
-        config::Params,
+        config::{Params, MODES_COMPACT as C, MODES_WIDE as W},
         flow::{EpochRecord, FlowKey, FlowState},
     };
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Params {}
-    unsafe impl<const M: usize> aya::Pod for FlowState<M> {}
-    unsafe impl<const M: usize> aya::Pod for EpochRecord<M> {}
+    unsafe impl aya::Pod for FlowState<C> {}
+    unsafe impl aya::Pod for FlowState<W> {}
+    unsafe impl aya::Pod for EpochRecord<C> {}
+    unsafe impl aya::Pod for EpochRecord<W> {}
+    const _: () = assert!(size_of::<FlowKey>() == 40 && size_of::<Params>() == 32);
+    const _: () = assert!(size_of::<FlowState<C>>() == 40 + 20 * C + 8);
+    const _: () = assert!(size_of::<FlowState<W>>() == 40 + 20 * W + 8);
 }

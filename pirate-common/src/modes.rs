@@ -101,11 +101,10 @@ impl<const M: usize> Modes<M> {
             };
             if near {
                 self.count_into(i, g, candidate);
+                // Widening downwards cannot bring mode i−1 within ε: g was found not near it,
+                // judged at the same lower value.
                 if g < lo {
                     self.min[i] = g;
-                    if i > 0 {
-                        self.merge_if_close(i - 1, eps);
-                    }
                 } else if g > hi {
                     self.max[i] = g;
                     self.merge_if_close(i, eps);

@@ -33,6 +33,8 @@ static FLOWS: LruHashMap<FlowKey, FlowState<MODES_COMPACT>> = LruHashMap::with_m
 #[map]
 static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::with_max_entries(1, 0);
 /// An all-zero flow state per CPU, the source of new flows' entries (too big for the stack).
+/// Sized for the wide layout, so it covers both.
+const _: () = assert!(size_of::<FlowState<MODES_COMPACT>>() <= size_of::<FlowState<MODES_WIDE>>());
 #[map]
 static BLANK: PerCpuArray<FlowState<MODES_WIDE>> = PerCpuArray::with_max_entries(1, 0);
 /// Finished epochs of flows that saw a packet after the epoch changed.
@@ -81,6 +83,7 @@ pub fn pirate_wide(ctx: XdpContext) -> u32 {
 fn pass(ctx: &XdpContext) -> u32 {
     // SAFETY: returns only if the slot is empty or the call fails.
     unsafe { ROOT_ARRAY.tail_call(ctx, 0) };
+    count(counters::EVENT_NO_TAIL_CALL);
     xdp_action::XDP_PASS
 }
 
@@ -106,7 +109,9 @@ fn measure<const M: usize>(ctx: &XdpContext, flows: &LruHashMap<FlowKey, FlowSta
     // SAFETY: a live map value; the flow's packets are processed on one CPU at a time.
     let st = unsafe { &mut *st };
     if st.epoch != epoch {
-        hand_over(&key, st);
+        if st.hand_over_due(epoch) {
+            hand_over(&key, st);
+        }
         st.start_epoch(epoch);
     }
     let outcome = match on_packet(st, now, info, params) {

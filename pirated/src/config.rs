@@ -46,7 +46,9 @@ pub struct MetricsConfig {
 pub enum AttachMode {
     /// Driver (native) mode, falling back to generic if the driver lacks XDP support.
     Auto,
+    /// Driver mode only: fail if the driver has no XDP support.
     Native,
+    /// Generic (skb) mode: works on any interface, costs more per packet.
     Generic,
 }
 
@@ -139,6 +141,18 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The estimator's de-noising settings.
+    pub fn denoise(&self) -> crate::estimate::pirate::Denoise {
+        let p = &self.pirate;
+        crate::estimate::pirate::Denoise {
+            idle_floor_ns: p.idle_floor.as_nanos(),
+            min_mode_share: p.min_mode_share,
+            min_time_share: p.min_time_share,
+            prefer_candidates: p.mark_after_short,
+            min_ibg_gaps: p.min_ibg_gaps,
+        }
     }
 
     /// The datapath's view of the configuration.

@@ -4,14 +4,14 @@
 use std::{
     collections::HashMap as StdHashMap,
     fs,
-    os::fd::AsFd,
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf},
+    maps::{Array, Map, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, Xdp, XdpFlags},
     Ebpf, EbpfLoader,
 };
@@ -62,6 +62,14 @@ impl Layout {
         }
     }
 
+    /// The other layout's table, shrunk to one entry and never pinned.
+    fn unused_flows_map(self) -> &'static str {
+        match self {
+            Layout::Compact => "FLOWS_WIDE",
+            Layout::Wide => "FLOWS",
+        }
+    }
+
     /// Bytes of one record in the hand-over ring buffer.
     fn record_size(self) -> usize {
         match self {
@@ -97,6 +105,8 @@ pub struct Datapath {
     records_bytes: u32,
     /// Where the maps are pinned, once attached.
     pin_dir: Option<PathBuf>,
+    /// Held while attached: one daemon per instance name.
+    lock: Option<fs::File>,
     pub attached_mode: &'static str,
 }
 
@@ -105,14 +115,10 @@ impl Datapath {
     /// attaching it anywhere. Errors say what to do: privileges, verifier log.
     pub fn load(config: &Config) -> anyhow::Result<Datapath> {
         let layout = Layout::for_modes(config.pirate.modes);
-        let (flows, other) = match layout {
-            Layout::Compact => ("FLOWS", "FLOWS_WIDE"),
-            Layout::Wide => ("FLOWS_WIDE", "FLOWS"),
-        };
-        let ring_bytes = ring_size(config.max_flows as usize * layout.record_size());
+        let ring_bytes = ring_size(config.max_flows as usize, layout)?;
         let mut ebpf = EbpfLoader::new()
-            .set_max_entries(flows, config.max_flows)
-            .set_max_entries(other, 1)
+            .set_max_entries(layout.flows_map(), config.max_flows)
+            .set_max_entries(layout.unused_flows_map(), 1)
             .set_max_entries("RECORDS", ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
@@ -129,7 +135,15 @@ impl Datapath {
         let program: &mut Xdp = ebpf.program_mut(layout.program()).unwrap().try_into()?;
         program.load().map_err(verifier_error)?;
         let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;
-        Ok(Datapath { ebpf, layout, records, records_bytes: ring_bytes, pin_dir: None, attached_mode: "none" })
+        Ok(Datapath {
+            ebpf,
+            layout,
+            records,
+            records_bytes: ring_bytes,
+            pin_dir: None,
+            lock: None,
+            attached_mode: "none",
+        })
     }
 
     /// Loads the program, attaches it to `config.interface` and pins the maps under
@@ -146,7 +160,9 @@ impl Datapath {
         if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
             bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
         }
+        let lock = lock_instance(&config.instance)?;
         let mut dp = Self::load(config)?;
+        dp.lock = Some(lock);
         let program: &mut Xdp = dp.ebpf.program_mut(dp.layout.program()).unwrap().try_into()?;
         dp.attached_mode = attach(program, iface, config.attach_mode)?;
         let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
@@ -192,6 +208,21 @@ impl Datapath {
         }
     }
 
+    /// The hand-over ring buffer's descriptor, to wait for records on.
+    pub fn records_fd(&self) -> std::os::fd::RawFd {
+        self.records.as_raw_fd()
+    }
+
+    /// Drops the records waiting in the ring buffer. Between a drain and the next epoch flip every
+    /// record is stale (a flow the drain already read from the table, touched again), so pirated
+    /// empties the ring as they come and it never fills.
+    pub fn discard_records(&mut self) -> anyhow::Result<usize> {
+        Ok(match self.layout {
+            Layout::Compact => take_records::<MODES_COMPACT>(&mut self.records)?.len(),
+            Layout::Wide => take_records::<MODES_WIDE>(&mut self.records)?.len(),
+        })
+    }
+
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
         let map = PerCpuArray::<_, u64>::try_from(self.ebpf.map("COUNTERS").unwrap())?;
@@ -210,8 +241,7 @@ impl Datapath {
     /// The kernel's memlock accounting of the flow table, in bytes.
     pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
         let map = self.ebpf.map(self.layout.flows_map()).unwrap();
-        let fd = map_fd(map)?;
-        memlock_of_fd(fd)
+        memlock_of_fd(map_data(map)?.fd().as_fd().as_raw_fd())
     }
 }
 
@@ -226,39 +256,44 @@ impl Drop for Datapath {
     }
 }
 
-fn drain<const M: usize>(map: &Map, records: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained> {
-    let flows = HashMap::<_, FlowKey, FlowState<M>>::try_from(map)?;
+fn drain<const M: usize>(map: &Map, records: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained>
+where
+    FlowState<M>: aya::Pod,
+    EpochRecord<M>: aya::Pod,
+{
     let mut found: StdHashMap<FlowKey, FlowEpoch> = StdHashMap::new();
     let mut tracked = 0;
-    for entry in flows.iter() {
-        let (key, state) = match entry {
-            Ok(kv) => kv,
-            // Evicted between listing and lookup.
-            Err(aya::maps::MapError::KeyNotFound) => continue,
-            Err(e) => return Err(e.into()),
-        };
+    crate::map_batch::for_each::<FlowKey, FlowState<M>>(map_data(map)?, |key, state| {
         tracked += 1;
-        if state.epoch == closed {
-            found.insert(key, FlowEpoch::from_state(key, &state));
+        if state.epoch == closed && state.packets > 0 {
+            found.insert(*key, FlowEpoch::from_state(*key, state));
         }
-    }
-    // After the scan: a flow reset during the scan handed its state over before the reset.
-    let want = size_of::<EpochRecord<M>>();
-    while let Some(item) = records.next() {
-        if item.len() < want {
-            continue;
-        }
-        // SAFETY: the datapath wrote an EpochRecord<M>; read unaligned from the ring's bytes.
-        let rec: EpochRecord<M> = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) };
-        // Older records duplicate what an earlier scan already took from the table.
+    })
+    .context("reading the flow table")?;
+    // After the scan: a flow reset during the scan handed its state over before the reset, and
+    // its record overrides a copy the scan may have read mid-update.
+    for rec in take_records::<M>(records)? {
         if rec.state.epoch == closed {
             found.insert(rec.key, FlowEpoch::from_state(rec.key, &rec.state));
         }
     }
     let before = found.len();
-    let flows: Vec<FlowEpoch> = found.into_values().filter(|f| f.packets > 0 && f.is_consistent()).collect();
-    let inconsistent = before - flows.len();
-    Ok(Drained { flows, tracked, inconsistent })
+    let flows: Vec<FlowEpoch> = found.into_values().filter(FlowEpoch::is_consistent).collect();
+    Ok(Drained { inconsistent: before - flows.len(), flows, tracked })
+}
+
+/// Every record waiting in the ring buffer.
+fn take_records<const M: usize>(records: &mut RingBuf<MapData>) -> anyhow::Result<Vec<EpochRecord<M>>> {
+    let want = size_of::<EpochRecord<M>>();
+    let mut out = Vec::new();
+    while let Some(item) = records.next() {
+        if item.len() != want {
+            bail!("a {}-byte hand-over record, not {want}: pirated and its XDP object disagree", item.len());
+        }
+        // SAFETY: the datapath wrote an EpochRecord<M> (size checked); read unaligned.
+        out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) });
+    }
+    Ok(out)
 }
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<&'static str> {
@@ -303,12 +338,31 @@ fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     ensure_bpffs()?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, map) in ebpf.maps() {
-        let unused = name == "BLANK" || name == if layout == Layout::Compact { "FLOWS_WIDE" } else { "FLOWS" };
+        let unused = name == "BLANK" || name == layout.unused_flows_map();
         if !unused {
             map.pin(dir.join(name)).with_context(|| format!("pinning {name} in {}", dir.display()))?;
         }
     }
     Ok(())
+}
+
+pub const LOCK_DIR: &str = "/run/pirated";
+
+/// Takes /run/pirated/<instance>.lock, so that a second daemon with the same instance name (and
+/// pin directory) fails instead of removing the first one's pins.
+fn lock_instance(instance: &str) -> anyhow::Result<fs::File> {
+    use std::os::fd::AsRawFd;
+    fs::create_dir_all(LOCK_DIR).with_context(|| format!("creating {LOCK_DIR}"))?;
+    let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
+    let file = fs::File::create(&path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        bail!(
+            "instance {instance:?} is already running ({} is locked): give this daemon another `instance`",
+            path.display()
+        );
+    }
+    Ok(file)
 }
 
 /// Mounts bpffs on /sys/fs/bpf unless it is there: a fresh boot has none, and `ip netns exec`
@@ -331,18 +385,22 @@ fn ensure_bpffs() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ring buffer size: a power of two of at least one page that holds `bytes`.
-fn ring_size(bytes: usize) -> u32 {
-    bytes.max(4096).next_power_of_two().min(1 << 30) as u32
+/// Ring buffer size: a power of two of at least one page holding one record (and the kernel's
+/// 8-byte header) per flow. Records only accumulate between an epoch flip and the drain that
+/// follows; pirated discards the stale ones as they arrive in between.
+fn ring_size(flows: usize, layout: Layout) -> anyhow::Result<u32> {
+    let bytes = (flows * (layout.record_size() + 8)).max(4096).next_power_of_two();
+    if bytes > 1 << 30 {
+        bail!("max_flows = {flows} needs a {bytes}-byte hand-over ring buffer, over the 1 GiB limit");
+    }
+    Ok(bytes as u32)
 }
 
-fn map_fd(map: &Map) -> anyhow::Result<i32> {
-    use std::os::fd::{AsFd, AsRawFd};
-    let data: &MapData = match map {
-        Map::LruHashMap(d) | Map::HashMap(d) => d,
+fn map_data(map: &Map) -> anyhow::Result<&MapData> {
+    match map {
+        Map::LruHashMap(d) | Map::HashMap(d) => Ok(d),
         _ => bail!("not a hash map"),
-    };
-    Ok(data.fd().as_fd().as_raw_fd())
+    }
 }
 
 /// Reads `memlock:` from /proc/self/fdinfo/<fd>, which the kernel fills for BPF maps.

@@ -6,18 +6,20 @@ use std::{
     time::Instant,
 };
 
-use tokio::time::{interval, MissedTickBehavior};
+use tokio::{
+    io::{unix::AsyncFd, Interest},
+    time::{interval, MissedTickBehavior},
+};
 use tracing::{debug, warn};
 
-use crate::{config::Config, datapath::Datapath, estimate::pirate::Denoise, metrics::Metrics, report::EpochReport};
+use crate::{config::Config, datapath::Datapath, metrics::Metrics, report::EpochReport};
 
-pub fn denoise(config: &Config) -> Denoise {
-    Denoise {
-        idle_floor_ns: config.pirate.idle_floor.as_nanos(),
-        min_mode_share: config.pirate.min_mode_share,
-        min_time_share: config.pirate.min_time_share,
-        prefer_candidates: config.pirate.mark_after_short,
-        min_ibg_gaps: config.pirate.min_ibg_gaps,
+/// The ring buffer's descriptor, owned by the datapath, registered for readiness only.
+struct Borrowed(std::os::fd::RawFd);
+
+impl std::os::fd::AsRawFd for Borrowed {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
     }
 }
 
@@ -29,7 +31,10 @@ pub async fn run(
     json: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let denoise = denoise(config);
+    let denoise = config.denoise();
+    // SAFETY: the ring buffer's descriptor belongs to `dp`, which outlives `ring` (this function).
+    let ring = unsafe { AsyncFd::register_with_interest(Borrowed(dp.records_fd()), Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
     let mut epoch: u32 = 1;
     dp.set_epoch(epoch)?;
     let mut tick = interval(config.epoch.0);
@@ -40,6 +45,13 @@ pub async fn run(
         let stopping = tokio::select! {
             _ = tick.tick() => false,
             _ = &mut shutdown => true,
+            guard = ring.readable() => {
+                // Between a drain and the next flip every record is stale: keep the ring empty.
+                let mut guard = guard?;
+                dp.discard_records()?;
+                guard.clear_ready();
+                continue;
+            }
         };
         // On shutdown the partial epoch is closed and reported too, as replay does.
         let started = Instant::now();

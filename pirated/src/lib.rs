@@ -5,6 +5,7 @@ pub mod datapath;
 pub mod epoch;
 pub mod estimate;
 pub mod flow;
+pub mod map_batch;
 pub mod metrics;
 pub mod replay;
 pub mod report;

@@ -61,15 +61,28 @@ struct RunArgs {
     /// Metrics listen address (overrides `metrics.listen`).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<std::net::SocketAddr>,
-    /// Besides serving /metrics, print one JSON line per flow and per server each epoch.
-    #[arg(long, value_enum, default_value_t = Output::Prometheus)]
-    output: Output,
+    /// `json`: besides serving /metrics, print one JSON line per flow and per server each
+    /// epoch [default: prometheus].
+    #[arg(long, value_enum)]
+    output: Option<Output>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+impl RunArgs {
+    /// Options given after `run` win over the same ones given before it.
+    fn or(self, outer: RunArgs) -> RunArgs {
+        RunArgs {
+            config: self.config.or(outer.config),
+            interface: self.interface.or(outer.interface),
+            attach_mode: self.attach_mode.or(outer.attach_mode),
+            listen: self.listen.or(outer.listen),
+            output: self.output.or(outer.output),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Output {
     /// Serve Prometheus metrics only.
-    #[default]
     Prometheus,
     /// Serve metrics and print JSON lines on stdout.
     Json,
@@ -90,7 +103,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         None => run(cli.run),
-        Some(Command::Run(args)) => run(RunArgs { config: args.config.clone().or(cli.run.config), ..args }),
+        Some(Command::Run(args)) => run(args.or(cli.run)),
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| replay::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
@@ -133,7 +146,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(listen = %config.metrics.listen, "serving /metrics");
         let mut dp = Datapath::attach(&config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
-        let result = epoch::run(&config, &mut dp, metrics, args.output == Output::Json, shutdown_signal()).await;
+        let json = args.output == Some(Output::Json);
+        let result = epoch::run(&config, &mut dp, metrics, json, shutdown_signal()).await;
         server.abort();
         tracing::info!("detaching");
         drop(dp);

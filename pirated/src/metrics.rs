@@ -37,6 +37,10 @@ pub struct Metrics {
     registry: Registry,
     server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
     server_flows: Family<ServerLabel, Gauge>,
+    server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
+    server_batches: Family<ServerLabel, Counter>,
+    last_epoch: Gauge<f64, AtomicU64>,
+    tail_call_misses: Counter,
     flow_latency: Histogram,
     flows_tracked: Gauge,
     flows_active: Gauge,
@@ -61,7 +65,11 @@ impl Metrics {
         let m = Metrics {
             server_latency: Family::default(),
             server_flows: Family::default(),
-            // 50 µs … ~26 s, ×1.5 per bucket.
+            server_seconds: Family::default(),
+            server_batches: Family::default(),
+            last_epoch: Gauge::default(),
+            tail_call_misses: Counter::default(),
+            // 50 µs … ~21.6 s, ×1.5 per bucket.
             flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
             flows_tracked: Gauge::default(),
             flows_active: Gauge::default(),
@@ -82,6 +90,26 @@ impl Metrics {
             "server_flows",
             "Flows with an estimate per server in the last epoch",
             m.server_flows.clone(),
+        );
+        registry.register(
+            "server_response_seconds",
+            "Response time measured per server (sum of the per-batch latencies); rate() of it over rate() of server_batches_total is the mean latency over any window",
+            m.server_seconds.clone(),
+        );
+        registry.register(
+            "server_batches",
+            "Request batches (responses waited for) measured per server",
+            m.server_batches.clone(),
+        );
+        registry.register(
+            "last_epoch_timestamp_seconds",
+            "When the last epoch was published (Unix time)",
+            m.last_epoch.clone(),
+        );
+        registry.register(
+            "tail_call_misses",
+            "Packets passed with XDP_PASS because ROOT_ARRAY[0] held no program to chain to",
+            m.tail_call_misses.clone(),
         );
         registry.register(
             "flow_response_latency_seconds",
@@ -118,6 +146,8 @@ impl Metrics {
             let label = ServerLabel { server: s.server.to_string() };
             self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
             self.server_flows.get_or_create(&label).set(s.flows as i64);
+            self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
+            self.server_batches.get_or_create(&label).inc_by(s.batches);
         }
         for (_, est) in &report.flows {
             if let Some(e) = est {
@@ -130,8 +160,11 @@ impl Metrics {
         for ((now, last), name) in kernel.iter().zip(&self.last_kernel).zip(counters::NAMES).take(outcomes) {
             self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(now.saturating_sub(*last));
         }
-        let lost = counters::EVENT_RECORD_LOST as usize;
-        self.records_lost.inc_by(kernel[lost].saturating_sub(self.last_kernel[lost]));
+        let delta = |i: u32| kernel[i as usize].saturating_sub(self.last_kernel[i as usize]);
+        self.records_lost.inc_by(delta(counters::EVENT_RECORD_LOST));
+        self.tail_call_misses.inc_by(delta(counters::EVENT_NO_TAIL_CALL));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.last_epoch.set(now.as_secs_f64());
         self.last_kernel = *kernel;
         self.gaps_discarded.inc_by(report.discarded());
         self.epochs.inc();

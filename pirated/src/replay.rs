@@ -11,16 +11,16 @@ use pirate_common::{
     tracker::on_packet,
 };
 
-use crate::{config::Config, epoch::denoise, flow::FlowEpoch, report::EpochReport};
+use crate::{config::Config, datapath::Layout, flow::FlowEpoch, report::EpochReport};
 
 /// Replays `path` and writes every epoch's JSON lines to `out`. Returns the reports.
 pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
     let packets = read_pcap(path)?;
     let params = config.params();
-    let reports = if config.pirate.modes as usize <= pirate_common::config::MODES_COMPACT {
-        run::<{ pirate_common::config::MODES_COMPACT }>(config, &params, &packets)
-    } else {
-        run::<{ pirate_common::config::MODES_WIDE }>(config, &params, &packets)
+    // The same state layout as the daemon's, so the same modes fit.
+    let reports = match Layout::for_modes(config.pirate.modes) {
+        Layout::Compact => run::<{ pirate_common::config::MODES_COMPACT }>(config, &params, &packets),
+        Layout::Wide => run::<{ pirate_common::config::MODES_WIDE }>(config, &params, &packets),
     };
     for r in &reports {
         r.write_json(out)?;
@@ -31,7 +31,7 @@ pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Res
 /// Epochs are cut every `config.epoch` from the first packet's timestamp, numbered from 1 as in
 /// the daemon; the last, partial epoch is reported too.
 fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8>)]) -> Vec<EpochReport> {
-    let denoise = denoise(config);
+    let denoise = config.denoise();
     let epoch_ns = config.epoch.as_nanos();
     let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
     let mut reports = Vec::new();

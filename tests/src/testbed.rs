@@ -61,6 +61,12 @@ impl OnePoint {
         let client = Netns::new("cli")?;
         let vp = Netns::new("vp")?;
         let server = Netns::new("srv")?;
+        // Without duplicate address detection the link-local addresses neighbour discovery
+        // speaks from are usable at once, instead of after a second in which first packets vanish.
+        for ns in [&client, &vp, &server] {
+            ns.sysctl("net.ipv6.conf.all.accept_dad", "0")?;
+            ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
+        }
         let link = |emulated: bool, x: &Netns, x_if: &str, y: &Netns, y_if: &str| -> Result<Option<EmuLink>> {
             if emulated {
                 EmuLink::between(x, x_if, y, y_if).map(Some)
@@ -167,10 +173,10 @@ impl Pirated {
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("WARN") || line.contains("ERROR") || line.contains("error") {
+                if line.contains("WARN") || line.contains("ERROR") || line.starts_with("pirated: error") {
                     eprintln!("[pirated] {line}");
                 }
-                if line.contains("attached") || line.contains("error") {
+                if line.contains("attached") || line.starts_with("pirated: error") {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(line);
                     }

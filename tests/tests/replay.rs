@@ -103,7 +103,9 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
             (&kernel[key], replayed.get(key).with_context(|| format!("{key} missing from replay: {replayed:?}"))?);
         eprintln!("kernel {k}\nreplay {r}");
         assert_eq!(k["packets"], r["packets"], "{key}: packets");
-        assert_eq!(k["samples"], r["samples"], "{key}: causal-pair samples");
+        // A gap within the timestamps' difference of δ may count as a causal pair on one side only.
+        let (ks, rs) = (k["samples"].as_i64().unwrap(), r["samples"].as_i64().unwrap());
+        assert!((ks - rs).abs() <= 2, "{key}: causal-pair samples {ks} in the kernel, {rs} in replay");
         let (ke, re) = (k["estimate_ns"].as_f64().unwrap(), r["estimate_ns"].as_f64().unwrap());
         assert!((ke - re).abs() / ke < 0.02, "{key}: estimate {ke} in the kernel, {re} in replay");
     }

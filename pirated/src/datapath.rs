@@ -160,9 +160,8 @@ impl Datapath {
         if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
             bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
         }
-        let lock = lock_instance(&config.instance)?;
         let mut dp = Self::load(config)?;
-        dp.lock = Some(lock);
+        dp.lock = Some(lock_instance(&config.instance)?);
         let program: &mut Xdp = dp.ebpf.program_mut(dp.layout.program()).unwrap().try_into()?;
         dp.attached_mode = attach(program, iface, config.attach_mode)?;
         let pin_dir = Path::new(PIN_ROOT).join(&config.instance);

@@ -23,6 +23,7 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PirateConfig {
+    pub estimator: crate::estimate::Estimator,
     pub modes: u32,
     pub epsilon: Dur,
     pub epsilon_relative: f64,
@@ -31,6 +32,8 @@ pub struct PirateConfig {
     pub min_mode_share: f64,
     pub min_time_share: f64,
     pub min_ibg_gaps: u64,
+    pub intra_batch_max: Dur,
+    pub min_break_ratio: f64,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
 }
@@ -69,6 +72,7 @@ impl Default for Config {
 impl Default for PirateConfig {
     fn default() -> Self {
         PirateConfig {
+            estimator: crate::estimate::Estimator::default(),
             modes: 10,
             epsilon: Dur(Duration::from_micros(100)),
             epsilon_relative: 0.05,
@@ -77,6 +81,8 @@ impl Default for PirateConfig {
             min_mode_share: 0.02,
             min_time_share: 0.1,
             min_ibg_gaps: 2,
+            intra_batch_max: Dur(Duration::from_millis(1)),
+            min_break_ratio: 4.0,
             skip_pure_acks: true,
             mark_after_short: true,
         }
@@ -132,6 +138,12 @@ impl Config {
         if !(0.0..=0.5).contains(&p.epsilon_relative) {
             bail!("pirate.epsilon_relative = {}: must be in [0, 0.5]", p.epsilon_relative);
         }
+        if p.min_break_ratio < 1.0 || !p.min_break_ratio.is_finite() {
+            bail!("pirate.min_break_ratio = {}: must be at least 1", p.min_break_ratio);
+        }
+        if p.intra_batch_max.0 >= p.idle_floor.0 {
+            bail!("pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})", p.intra_batch_max, p.idle_floor);
+        }
         if p.min_ibg_gaps == 0 {
             bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
         }
@@ -143,15 +155,22 @@ impl Config {
         Ok(())
     }
 
-    /// The estimator's de-noising settings.
-    pub fn denoise(&self) -> crate::estimate::pirate::Denoise {
+    /// Both estimators' settings.
+    pub fn estimation(&self) -> crate::estimate::Settings {
         let p = &self.pirate;
-        crate::estimate::pirate::Denoise {
-            idle_floor_ns: p.idle_floor.as_nanos(),
-            min_mode_share: p.min_mode_share,
-            min_time_share: p.min_time_share,
-            prefer_candidates: p.mark_after_short,
-            min_ibg_gaps: p.min_ibg_gaps,
+        crate::estimate::Settings {
+            paper: crate::estimate::pirate::Denoise {
+                idle_floor_ns: p.idle_floor.as_nanos(),
+                min_mode_share: p.min_mode_share,
+                min_time_share: p.min_time_share,
+                prefer_candidates: p.mark_after_short,
+                min_ibg_gaps: p.min_ibg_gaps,
+            },
+            batches: crate::estimate::batches::Break {
+                idle_floor_ns: p.idle_floor.as_nanos(),
+                intra_batch_max_ns: p.intra_batch_max.as_nanos(),
+                min_ratio: p.min_break_ratio,
+            },
         }
     }
 

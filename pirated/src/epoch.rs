@@ -31,7 +31,7 @@ pub async fn run(
     json: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let denoise = config.denoise();
+    let settings = config.estimation();
     // SAFETY: the ring buffer's descriptor belongs to `dp`, which outlives `ring` (this function).
     let ring = unsafe { AsyncFd::register_with_interest(Borrowed(dp.records_fd()), Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
@@ -63,7 +63,7 @@ pub async fn run(
             warn!(count = drained.inconsistent, "dropped flow copies read mid-update");
         }
         let kernel = dp.counters()?;
-        let report = EpochReport::new(closed, drained.flows, &denoise);
+        let report = EpochReport::new(closed, drained.flows, &settings, config.pirate.estimator);
         if json {
             report.write_json(&mut std::io::stdout().lock())?;
         }

@@ -149,10 +149,8 @@ impl Metrics {
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
             self.server_batches.get_or_create(&label).inc_by(s.batches);
         }
-        for (_, est) in &report.flows {
-            if let Some(e) = est {
-                self.flow_latency.observe(e.estimate_ns / 1e9);
-            }
+        for e in report.flows.iter().filter_map(|r| r.estimate(report.estimator)) {
+            self.flow_latency.observe(e.estimate_ns / 1e9);
         }
         self.flows_tracked.set(tracked as i64);
         self.flows_active.set(report.flows.len() as i64);

@@ -31,7 +31,7 @@ pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Res
 /// Epochs are cut every `config.epoch` from the first packet's timestamp, numbered from 1 as in
 /// the daemon; the last, partial epoch is reported too.
 fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8>)]) -> Vec<EpochReport> {
-    let denoise = config.denoise();
+    let settings = config.estimation();
     let epoch_ns = config.epoch.as_nanos();
     let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
     let mut reports = Vec::new();
@@ -43,7 +43,7 @@ fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8
             .filter(|(_, st)| st.epoch == closed && st.packets > 0)
             .map(|(k, st)| FlowEpoch::from_state(*k, st))
             .collect();
-        EpochReport::new(closed, done, &denoise)
+        EpochReport::new(closed, done, &settings, config.pirate.estimator)
     };
     for (ts, frame) in packets {
         let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;

@@ -5,37 +5,66 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::{
-    estimate::pirate::{per_server, proportional_mode_sum, Denoise, FlowEstimate, ServerEstimate},
+    estimate::{per_server, Estimator, FlowEstimate, ServerEstimate, Settings},
     flow::{client, proto_name, server, FlowEpoch},
 };
 
+/// One flow's epoch with both estimators' results.
+pub struct FlowResult {
+    pub flow: FlowEpoch,
+    pub paper: Option<FlowEstimate>,
+    pub batches: Option<FlowEstimate>,
+}
+
+impl FlowResult {
+    pub fn estimate(&self, which: Estimator) -> Option<&FlowEstimate> {
+        match which {
+            Estimator::Paper => self.paper.as_ref(),
+            Estimator::Batches => self.batches.as_ref(),
+        }
+    }
+}
+
 pub struct EpochReport {
     pub epoch: u32,
-    pub flows: Vec<(FlowEpoch, Option<FlowEstimate>)>,
+    /// The estimator the headline figures (`estimate_ns`, the metrics) come from.
+    pub estimator: Estimator,
+    pub flows: Vec<FlowResult>,
+    /// Per server, from the selected estimator.
     pub servers: Vec<ServerEstimate>,
+    /// Per server, from each estimator (for comparison in the JSON output).
+    pub servers_paper: Vec<ServerEstimate>,
+    pub servers_batches: Vec<ServerEstimate>,
 }
 
 impl EpochReport {
-    pub fn new(epoch: u32, mut flows: Vec<FlowEpoch>, denoise: &Denoise) -> EpochReport {
+    pub fn new(epoch: u32, mut flows: Vec<FlowEpoch>, settings: &Settings, estimator: Estimator) -> EpochReport {
         flows.sort_by_key(|f| f.key);
-        let flows: Vec<_> = flows
+        let flows: Vec<FlowResult> = flows
             .into_iter()
-            .map(|f| {
-                let est = proportional_mode_sum(&f.modes, denoise);
-                (f, est)
+            .map(|flow| {
+                let (paper, batches) = settings.both(&flow.modes);
+                FlowResult { flow, paper, batches }
             })
             .collect();
-        let servers = per_server(flows.iter().filter_map(|(f, e)| e.as_ref().map(|e| (f, e))));
-        EpochReport { epoch, flows, servers }
+        let servers_of = |which| per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))));
+        let (servers_paper, servers_batches) = (servers_of(Estimator::Paper), servers_of(Estimator::Batches));
+        let servers = match estimator {
+            Estimator::Paper => servers_paper.clone(),
+            Estimator::Batches => servers_batches.clone(),
+        };
+        EpochReport { epoch, estimator, flows, servers, servers_paper, servers_batches }
     }
 
     pub fn discarded(&self) -> u64 {
-        self.flows.iter().map(|(f, _)| f.discarded).sum()
+        self.flows.iter().map(|r| r.flow.discarded).sum()
     }
 
     /// One JSON line per flow, then one per server.
     pub fn write_json(&self, out: &mut impl Write) -> std::io::Result<()> {
-        for (f, est) in &self.flows {
+        for r in &self.flows {
+            let f = &r.flow;
+            let est = r.estimate(self.estimator);
             let line = FlowLine {
                 kind: "flow",
                 epoch: self.epoch,
@@ -44,6 +73,7 @@ impl EpochReport {
                 server: server(&f.key).to_string(),
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
+                estimates: Both { paper: r.paper.map(Figure::from), batches: r.batches.map(Figure::from) },
                 samples: f.samples,
                 causal_mean_ns: (f.samples > 0).then(|| f.samples_sum_ns / f.samples),
                 packets: f.packets,
@@ -53,6 +83,7 @@ impl EpochReport {
             serde_json::to_writer(&mut *out, &line)?;
             out.write_all(b"\n")?;
         }
+        let find = |list: &[ServerEstimate], at| list.iter().find(|s| s.server == at).map(Figure::from);
         for s in &self.servers {
             let line = ServerLine {
                 kind: "server",
@@ -61,12 +92,41 @@ impl EpochReport {
                 estimate_ns: s.estimate_ns.round() as u64,
                 flows: s.flows,
                 batches: s.batches,
+                estimates: Both {
+                    paper: find(&self.servers_paper, s.server),
+                    batches: find(&self.servers_batches, s.server),
+                },
             };
             serde_json::to_writer(&mut *out, &line)?;
             out.write_all(b"\n")?;
         }
         out.flush()
     }
+}
+
+/// One estimator's figure.
+#[derive(Serialize)]
+struct Figure {
+    estimate_ns: u64,
+    batches: u64,
+}
+
+impl From<FlowEstimate> for Figure {
+    fn from(e: FlowEstimate) -> Figure {
+        Figure { estimate_ns: e.estimate_ns.round() as u64, batches: e.batches }
+    }
+}
+
+impl From<&ServerEstimate> for Figure {
+    fn from(e: &ServerEstimate) -> Figure {
+        Figure { estimate_ns: e.estimate_ns.round() as u64, batches: e.batches }
+    }
+}
+
+#[derive(Serialize)]
+struct Both {
+    paper: Option<Figure>,
+    batches: Option<Figure>,
 }
 
 #[derive(Serialize)]
@@ -77,9 +137,11 @@ struct FlowLine {
     proto: &'static str,
     client: String,
     server: String,
-    /// Proportional mode sum; null when no mode qualified as the inter-batch gap.
+    /// The configured estimator's figure; null when it has none for this flow and epoch.
     estimate_ns: Option<u64>,
     batches: u64,
+    /// Both estimators' figures, for comparison.
+    estimates: Both,
     /// Alg. 1 causal-pair samples and their mean.
     samples: u64,
     causal_mean_ns: Option<u64>,
@@ -98,4 +160,5 @@ struct ServerLine {
     estimate_ns: u64,
     flows: usize,
     batches: u64,
+    estimates: Both,
 }

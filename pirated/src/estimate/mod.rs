@@ -1,3 +1,74 @@
-//! Estimators: pure functions from drained epochs to latencies.
+//! Estimators: pure functions from a flow's modes (one epoch) to its mean response latency, and
+//! from flows to servers.
 
+pub mod batches;
 pub mod pirate;
+
+use std::{collections::BTreeMap, net::SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::flow::{server, FlowEpoch, Mode};
+
+/// Which estimator turns modes into a latency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Estimator {
+    /// The paper's proportional mode sum: the largest de-noised mode is the inter-batch gap.
+    #[default]
+    Paper,
+    /// Gap time over the number of gaps that end a batch (every gap above the break between
+    /// intra- and inter-batch gaps): right when service times vary within an epoch.
+    Batches,
+}
+
+/// Everything the estimators need besides the modes.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub paper: pirate::Denoise,
+    pub batches: batches::Break,
+}
+
+impl Settings {
+    /// Both estimates of one flow's modes: (paper, batches).
+    pub fn both(&self, modes: &[Mode]) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
+        (pirate::proportional_mode_sum(modes, &self.paper), batches::batch_count_mean(modes, &self.batches))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlowEstimate {
+    pub estimate_ns: f64,
+    /// Batch-to-batch intervals measured (for the paper's estimator: gaps in the IBG mode).
+    pub batches: u64,
+    /// Total time of the gaps counted (estimate = kept / batches).
+    pub kept_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerEstimate {
+    pub server: SocketAddr,
+    /// Batch-weighted mean over the server's flows: Σ kept / Σ batches.
+    pub estimate_ns: f64,
+    pub flows: usize,
+    pub batches: u64,
+}
+
+/// Aggregates flow estimates per server (destination address and port).
+pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>) -> Vec<ServerEstimate> {
+    let mut acc: BTreeMap<SocketAddr, (u64, u64, usize)> = BTreeMap::new();
+    for (flow, est) in flows {
+        let e = acc.entry(server(&flow.key)).or_default();
+        e.0 += est.kept_ns;
+        e.1 += est.batches;
+        e.2 += 1;
+    }
+    acc.into_iter()
+        .map(|(server, (kept, batches, flows))| ServerEstimate {
+            server,
+            estimate_ns: kept as f64 / batches as f64,
+            flows,
+            batches,
+        })
+        .collect()
+}

@@ -2,9 +2,8 @@
 //! mode, and the mean response latency is Σ_{m_i ≤ IBG} Pr(m_i)/Pr(IBG)·m_i — the total of
 //! the gaps up to the IBG over the number of IBG gaps (batches).
 
-use std::{collections::BTreeMap, net::SocketAddr};
-
-use crate::flow::{server, FlowEpoch, Mode};
+use super::FlowEstimate;
+use crate::flow::Mode;
 
 /// De-noising and heuristics that apply at estimation time.
 #[derive(Clone, Copy, Debug)]
@@ -22,15 +21,6 @@ pub struct Denoise {
     /// Prefer modes of at least this many gaps as the IBG: a lone gap above the rest is a
     /// hiccup far more often than the only batch boundary. 1 is the paper's rule.
     pub min_ibg_gaps: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct FlowEstimate {
-    pub estimate_ns: f64,
-    /// Gaps in the IBG mode: the number of batch-to-batch intervals measured.
-    pub batches: u64,
-    /// Total of the gaps up to and including the IBG mode.
-    pub kept_ns: u64,
 }
 
 /// The proportional mode sum of one flow's modes (ascending), or `None` if no mode qualifies.
@@ -65,34 +55,6 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
         .into_iter()
         .filter(|(need_candidates, _)| d.prefer_candidates || !need_candidates)
         .find_map(|(need_candidates, min_count)| pick(need_candidates, min_count))
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct ServerEstimate {
-    pub server: SocketAddr,
-    /// Batch-weighted mean over the server's flows: Σ kept / Σ batches.
-    pub estimate_ns: f64,
-    pub flows: usize,
-    pub batches: u64,
-}
-
-/// Aggregates flow estimates per server (destination address and port).
-pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>) -> Vec<ServerEstimate> {
-    let mut acc: BTreeMap<SocketAddr, (u64, u64, usize)> = BTreeMap::new();
-    for (flow, est) in flows {
-        let e = acc.entry(server(&flow.key)).or_default();
-        e.0 += est.kept_ns;
-        e.1 += est.batches;
-        e.2 += 1;
-    }
-    acc.into_iter()
-        .map(|(server, (kept, batches, flows))| ServerEstimate {
-            server,
-            estimate_ns: kept as f64 / batches as f64,
-            flows,
-            batches,
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,103 @@
+//! The batch-count estimator. The paper's estimator counts batches as the gaps of one mode, the
+//! largest: right while every batch ends in a gap of that mode, badly wrong when service times
+//! vary within an epoch (batches then end in gaps of several modes, and all but the largest are
+//! taken for time inside batches), or when reordering splits the inter-batch gaps.
+//!
+//! Here every gap above the break between intra- and inter-batch gaps ends a batch, so the mean
+//! time between batch starts is the epoch's gap time over the number of such gaps. Intra-batch
+//! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
+//! gaps carry a network round trip and the server's time. The break is the widest ratio between
+//! adjacent modes whose lower side is still short enough to be a client's pacing; with no such
+//! break (one request in flight) every gap ends a batch.
+
+use super::FlowEstimate;
+use crate::flow::Mode;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Break {
+    /// Gaps (modes) at or above this are idle periods or retransmission timeouts: left out.
+    pub idle_floor_ns: u64,
+    /// The longest gap (mode maximum) that can still be inside a batch.
+    pub intra_batch_max_ns: u64,
+    /// Adjacent modes form a break only if the upper one starts at least this many times above
+    /// where the lower one ends.
+    pub min_ratio: f64,
+}
+
+/// The mean time between batch starts over one flow's modes (ascending), or `None` without gaps.
+pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
+    let kept: Vec<&Mode> = modes.iter().filter(|m| m.mean_ns() < b.idle_floor_ns as f64).collect();
+    let first_batch_end = break_index(&kept, b);
+    let batches: u64 = kept[first_batch_end..].iter().map(|m| m.count).sum();
+    let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
+    (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
+}
+
+/// Index of the first mode above the break (0: every gap ends a batch).
+fn break_index(kept: &[&Mode], b: &Break) -> usize {
+    let ratio = |lo: &Mode, hi: &Mode| hi.min_ns as f64 / lo.max_ns.max(1) as f64;
+    (1..kept.len())
+        .filter(|&j| kept[j - 1].max_ns <= b.intra_batch_max_ns && ratio(kept[j - 1], kept[j]) >= b.min_ratio)
+        .max_by(|&i, &j| ratio(kept[i - 1], kept[i]).total_cmp(&ratio(kept[j - 1], kept[j])))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(mean_us: f64, spread: f64, count: u64) -> Mode {
+        let ns = mean_us * 1000.0;
+        Mode {
+            min_ns: (ns * (1.0 - spread)) as u64,
+            max_ns: (ns * (1.0 + spread)) as u64,
+            count,
+            candidates: count,
+            sum_ns: (ns * count as f64) as u64,
+        }
+    }
+
+    const BREAK: Break = Break { idle_floor_ns: 200_000_000, intra_batch_max_ns: 1_000_000, min_ratio: 4.0 };
+
+    #[test]
+    fn varying_service_times_all_end_batches() {
+        // One request in flight, service times of 2, 5 and 20 ms: every gap is a batch.
+        let modes = [mode(2_100.0, 0.02, 50), mode(5_100.0, 0.02, 30), mode(20_100.0, 0.02, 20)];
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
+        assert_eq!(est.batches, 100);
+        let truth = (50.0 * 2.1 + 30.0 * 5.1 + 20.0 * 20.1) / 100.0 * 1e6;
+        assert!((est.estimate_ns - truth).abs() < 1.0, "{} vs {truth}", est.estimate_ns);
+    }
+
+    #[test]
+    fn intra_batch_gaps_are_time_not_batches() {
+        // Batches of four requests 20 µs apart, batches every ~5 ms (split by reordering).
+        let modes = [mode(20.0, 0.5, 300), mode(4_000.0, 0.02, 25), mode(5_000.0, 0.02, 50), mode(6_000.0, 0.02, 25)];
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
+        assert_eq!(est.batches, 100);
+        let truth = (300.0 * 0.02 + 25.0 * 4.0 + 50.0 * 5.0 + 25.0 * 6.0) / 100.0 * 1e6;
+        assert!((est.estimate_ns - truth).abs() < 1.0);
+    }
+
+    #[test]
+    fn idle_gaps_are_left_out_and_empty_flows_have_no_estimate() {
+        let modes = [mode(5_000.0, 0.02, 10), mode(900_000.0, 0.0, 2)];
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
+        assert_eq!((est.batches, est.estimate_ns), (10, 5_000_000.0));
+        assert!(batch_count_mean(&[], &BREAK).is_none());
+        assert!(batch_count_mean(&[mode(900_000.0, 0.0, 2)], &BREAK).is_none());
+    }
+
+    #[test]
+    fn a_break_needs_a_short_lower_side_and_a_wide_ratio() {
+        // 300 µs and 3 ms responses: the lower side is short but the ratio is 10: a break.
+        let modes = [mode(300.0, 0.01, 10), mode(3_000.0, 0.01, 10)];
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 10);
+        // With a 200 µs ceiling on intra-batch gaps they are both responses.
+        let strict = Break { intra_batch_max_ns: 200_000, ..BREAK };
+        assert_eq!(batch_count_mean(&modes, &strict).unwrap().batches, 20);
+        // Modes only 2× apart never form a break.
+        let modes = [mode(50.0, 0.01, 10), mode(100.0, 0.01, 10)];
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 20);
+    }
+}

@@ -16,7 +16,9 @@ pub struct ClientLatency {
 }
 
 /// `wrk` with `connections` keep-alive connections on one thread for `duration` (whole
-/// seconds); its own mean
+/// seconds). Its latency statistics are corrected for coordinated omission (samples are added
+/// for latencies above the mean request interval), which biases the mean upwards when latency
+/// varies: use it as truth for steady latencies only. Its own mean
 /// latency (µs resolution, printed by a `done` hook rather than rounded in the summary).
 pub fn wrk(ns: &Netns, url: &str, connections: u32, duration: Duration) -> Result<ClientLatency> {
     let script = std::env::temp_dir().join(format!("pirate-wrk-{}.lua", std::process::id()));

@@ -107,3 +107,59 @@ pub fn redis(ns: &Netns) -> Result<Server> {
     wait_listening(ns, 6379)?;
     Ok(server)
 }
+
+/// An HTTP/1.1 keep-alive server whose service time is drawn per request from `service`
+/// (time, weight) pairs, for workloads whose response latency varies from request to request
+/// (cache hits and misses). Responses carry a small fixed body. Runs until the namespace goes.
+pub fn think_time_http(ns: &Netns, port: u16, service: &[(Duration, f64)], seed: u64) -> Result<()> {
+    let listener = ns.run_in(|| std::net::TcpListener::bind(("0.0.0.0", port)))??;
+    let total: f64 = service.iter().map(|s| s.1).sum();
+    let cdf: Vec<(Duration, f64)> = service
+        .iter()
+        .scan(0.0, |acc, (d, w)| {
+            *acc += w / total;
+            Some((*d, *acc))
+        })
+        .collect();
+    std::thread::spawn(move || {
+        for (n, conn) in listener.incoming().enumerate() {
+            let Ok(conn) = conn else { continue };
+            let cdf = cdf.clone();
+            std::thread::spawn(move || serve_with_think_time(conn, &cdf, seed.wrapping_add(n as u64)));
+        }
+    });
+    Ok(())
+}
+
+fn serve_with_think_time(conn: std::net::TcpStream, cdf: &[(Duration, f64)], seed: u64) {
+    use std::io::{BufRead, BufReader, Write};
+    let _ = conn.set_nodelay(true);
+    let Ok(mut writer) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(conn);
+    let mut state = seed | 1;
+    let body = "x".repeat(100);
+    let response =
+        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n{body}", body.len());
+    let mut line = String::new();
+    loop {
+        // Request head: up to the empty line (GET requests carry no body).
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => {}
+            }
+        }
+        // xorshift64*: uniform in [0, 1).
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let u = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        let think = cdf.iter().find(|(_, c)| u < *c).map_or(cdf[cdf.len() - 1].0, |(d, _)| *d);
+        std::thread::sleep(think);
+        if writer.write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}

@@ -254,20 +254,34 @@ impl Drop for Pirated {
 }
 
 /// pirated's per-epoch estimates in `lines` for one flow (`Of::Flow(client addr:port)`) or one
-/// server (`Of::Server(addr:port)`), combined over the run: Σ estimate·batches / Σ batches, in
-/// seconds, with the batches. Epochs without an estimate are skipped.
-pub fn batch_weighted_mean(lines: &[Value], of: Of<'_>) -> Option<(f64, u64)> {
+/// server (`Of::Server(addr:port)`), from the configured estimator or a named one, combined
+/// over the run: Σ estimate·batches / Σ batches, in seconds, with the batches. Epochs without an
+/// estimate are skipped.
+pub fn batch_weighted_mean(lines: &[Value], of: Of<'_>, by: By) -> Option<(f64, u64)> {
     let (kind, field, value) = match of {
         Of::Flow(client) => ("flow", "client", client),
         Of::Server(server) => ("server", "server", server),
     };
     let (mut total, mut batches) = (0.0, 0u64);
     for v in lines.iter().filter(|v| v["type"] == kind && v[field] == value) {
-        let (Some(e), Some(b)) = (v["estimate_ns"].as_f64(), v["batches"].as_u64()) else { continue };
+        let figure = match by {
+            By::Configured => v,
+            By::Paper => &v["estimates"]["paper"],
+            By::Batches => &v["estimates"]["batches"],
+        };
+        let (Some(e), Some(b)) = (figure["estimate_ns"].as_f64(), figure["batches"].as_u64()) else { continue };
         total += e * b as f64;
         batches += b;
     }
     (batches > 0).then(|| (total / batches as f64 / 1e9, batches))
+}
+
+/// Which estimator's figures to read.
+#[derive(Clone, Copy, Debug)]
+pub enum By {
+    Configured,
+    Paper,
+    Batches,
 }
 
 #[derive(Clone, Copy, Debug)]

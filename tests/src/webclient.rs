@@ -44,7 +44,7 @@ impl SplitMix {
 }
 
 /// Runs the client on an already connected `stream` for `duration`. `objects` are the paths it
-/// may fetch as a page's objects; `page` is the page itself.
+/// may fetch as a page's objects (none: it fetches only `page`, one request at a time).
 pub fn run(
     stream: TcpStream,
     host: &str,
@@ -70,7 +70,8 @@ pub fn run(
             let n = 1 + (rng.next() % 4) as usize;
             (0..n).map(|_| objects[(rng.next() % objects.len() as u64) as usize]).collect()
         };
-        want_page = !want_page;
+        // Without objects, every batch is one page request: one request in flight.
+        want_page = objects.is_empty() || !want_page;
         let start = Instant::now();
         for p in &paths {
             // One write per request: the requests leave as separate packets, microseconds apart.

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::Result;
-use pirate_tests::testbed::{batch_weighted_mean, Of, OnePoint, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
+use pirate_tests::testbed::{batch_weighted_mean, By, Of, OnePoint, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
 use serde_json::Value;
 
 const CONFIG: &str = "epoch = \"200ms\"\n";
@@ -100,7 +100,7 @@ fn single_mode_estimate_matches_sender_clock() -> Result<()> {
     let lines = pirated.stop()?;
     let truth_ns = (sent[sent.len() - 1] - sent[0]).as_nanos() as f64 / (sent.len() - 1) as f64;
     let client = format!("{CLIENT_IP}:{sport}");
-    let (est, batches) = batch_weighted_mean(&lines, Of::Flow(&client)).expect("no estimate");
+    let (est, batches) = batch_weighted_mean(&lines, Of::Flow(&client), By::Configured).expect("no estimate");
     let est = est * 1e9;
     assert!(batches as usize >= sent.len() * 9 / 10, "batches {batches} of {} gaps", sent.len() - 1);
     let err = (est - truth_ns) / truth_ns;

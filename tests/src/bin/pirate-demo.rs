@@ -10,7 +10,7 @@ use pirate_tests::{
     clients::{redis_benchmark, wrk, ClientLatency},
     linkem::LinkSpec,
     servers::{nginx, redis},
-    testbed::{batch_weighted_mean, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{batch_weighted_mean, By, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
 
 struct Case {
@@ -61,7 +61,11 @@ fn main() -> Result<()> {
         }
         let lines = pirated.stop()?;
         emu.stop()?;
-        rows.push((case, truth, batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:{}", case.port)))));
+        rows.push((
+            case,
+            truth,
+            batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:{}", case.port)), By::Configured),
+        ));
     }
 
     println!("\n{:<40} {:>14} {:>14} {:>9} {:>9}", "case", "client mean", "pirated", "error", "batches");

@@ -81,8 +81,8 @@ impl Default for PirateConfig {
             min_mode_share: 0.02,
             min_time_share: 0.1,
             min_ibg_gaps: 2,
-            intra_batch_max: Dur(Duration::from_millis(1)),
-            min_break_ratio: 4.0,
+            intra_batch_max: Dur(Duration::from_millis(2)),
+            min_break_ratio: 3.0,
             skip_pure_acks: true,
             mark_after_short: true,
         }
@@ -170,6 +170,7 @@ impl Config {
                 idle_floor_ns: p.idle_floor.as_nanos(),
                 intra_batch_max_ns: p.intra_batch_max.as_nanos(),
                 min_ratio: p.min_break_ratio,
+                min_mode_share: p.min_mode_share,
             },
         }
     }

@@ -85,12 +85,12 @@ fn web_like_dependency_tree() -> Result<()> {
 #[test]
 fn web_like_with_loss_and_reordering() -> Result<()> {
     let impaired: LinkSpec = "delay=1ms,loss=0.01,reorder=0.25".parse()?;
-    // Only the median is bounded: reordering splits the inter-batch gaps into modes a reorder
-    // delay apart, and in an epoch where the largest of them is taken as the IBG the paper's
-    // estimator counts the others as time inside batches (+15–30 % seen on 1–2 of 8 connections).
+    // Reordering splits the inter-batch gaps into modes a reorder delay apart: the paper's
+    // estimator, which takes the largest for the IBG, then counts the others as time inside
+    // batches (+15–30 % on 1–2 of 8 connections); the default, batches, counts them all.
     let errors = web_like(&impaired, Duration::from_millis(4))?;
-    let m = median(errors);
-    assert!(m <= 0.05, "median {:.2} % (≤ 5 %)", m * 100.0);
+    let (m, p90) = (median(errors.clone()), quantile(errors, 0.9));
+    assert!(m <= 0.05 && p90 <= 0.15, "median {:.2} % (≤ 5 %), p90 {:.2} % (≤ 15 %)", m * 100.0, p90 * 100.0);
     Ok(())
 }
 

@@ -8,7 +8,9 @@
 //! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
 //! gaps carry a network round trip and the server's time. The break is the widest ratio between
 //! adjacent modes whose lower side is still short enough to be a client's pacing; with no such
-//! break (one request in flight) every gap ends a batch.
+//! break (one request in flight) every gap ends a batch. Modes holding few of the gaps (a late
+//! packet, two reordered ones) are left out when looking for the break, so that they do not
+//! bridge it; their gaps still count on whichever side they fall.
 
 use super::FlowEstimate;
 use crate::flow::Mode;
@@ -22,24 +24,30 @@ pub struct Break {
     /// Adjacent modes form a break only if the upper one starts at least this many times above
     /// where the lower one ends.
     pub min_ratio: f64,
+    /// Modes with less than this share of the epoch's gaps are ignored when looking for the break.
+    pub min_mode_share: f64,
 }
 
 /// The mean time between batch starts over one flow's modes (ascending), or `None` without gaps.
 pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     let kept: Vec<&Mode> = modes.iter().filter(|m| m.mean_ns() < b.idle_floor_ns as f64).collect();
-    let first_batch_end = break_index(&kept, b);
-    let batches: u64 = kept[first_batch_end..].iter().map(|m| m.count).sum();
+    let threshold = break_at(&kept, b);
+    let batches: u64 = kept.iter().filter(|m| m.min_ns >= threshold).map(|m| m.count).sum();
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
 }
 
-/// Index of the first mode above the break (0: every gap ends a batch).
-fn break_index(kept: &[&Mode], b: &Break) -> usize {
-    let ratio = |lo: &Mode, hi: &Mode| hi.min_ns as f64 / lo.max_ns.max(1) as f64;
-    (1..kept.len())
-        .filter(|&j| kept[j - 1].max_ns <= b.intra_batch_max_ns && ratio(kept[j - 1], kept[j]) >= b.min_ratio)
-        .max_by(|&i, &j| ratio(kept[i - 1], kept[i]).total_cmp(&ratio(kept[j - 1], kept[j])))
-        .unwrap_or(0)
+/// The shortest gap that ends a batch: where the widest qualifying break between adjacent
+/// significant modes ends (0: every gap ends a batch).
+fn break_at(kept: &[&Mode], b: &Break) -> u64 {
+    let total: u64 = kept.iter().map(|m| m.count).sum();
+    let significant: Vec<&Mode> =
+        kept.iter().copied().filter(|m| m.count as f64 >= b.min_mode_share * total as f64).collect();
+    let ratio = |j: usize| significant[j].min_ns as f64 / significant[j - 1].max_ns.max(1) as f64;
+    (1..significant.len())
+        .filter(|&j| significant[j - 1].max_ns <= b.intra_batch_max_ns && ratio(j) >= b.min_ratio)
+        .max_by(|&i, &j| ratio(i).total_cmp(&ratio(j)))
+        .map_or(0, |j| significant[j].min_ns)
 }
 
 #[cfg(test)]
@@ -57,7 +65,8 @@ mod tests {
         }
     }
 
-    const BREAK: Break = Break { idle_floor_ns: 200_000_000, intra_batch_max_ns: 1_000_000, min_ratio: 4.0 };
+    const BREAK: Break =
+        Break { idle_floor_ns: 200_000_000, intra_batch_max_ns: 2_000_000, min_ratio: 3.0, min_mode_share: 0.02 };
 
     #[test]
     fn varying_service_times_all_end_batches() {
@@ -86,6 +95,18 @@ mod tests {
         assert_eq!((est.batches, est.estimate_ns), (10, 5_000_000.0));
         assert!(batch_count_mean(&[], &BREAK).is_none());
         assert!(batch_count_mean(&[mode(900_000.0, 0.0, 2)], &BREAK).is_none());
+    }
+
+    #[test]
+    fn rare_modes_do_not_bridge_the_break() {
+        // Reordering spreads some intra-batch gaps to ~1 ms and leaves a lone 2 ms gap between
+        // them and the inter-batch gaps from 4 ms: still one break, below 4 ms.
+        let modes = [mode(300.0, 0.98, 90), mode(1_000.0, 0.2, 35), mode(2_031.0, 0.0, 1), mode(6_000.0, 0.3, 170)];
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
+        assert_eq!(est.batches, 170);
+        // Counted as significant, the lone gap leaves no break 3× wide: everything is a batch.
+        let all = Break { min_mode_share: 0.0, ..BREAK };
+        assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 296);
     }
 
     #[test]

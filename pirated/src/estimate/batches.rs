@@ -29,20 +29,39 @@ pub struct Break {
 }
 
 /// The mean time between batch starts over one flow's modes (ascending), or `None` without gaps.
+///
+/// Above the break, only modes holding a significant share of the gaps count as batch ends; a
+/// rare gap there (a request retransmitted after a tail-loss probe, a scheduling hiccup) is time
+/// spent inside a batch. Only when no mode above the break is significant do they all count.
 pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     let kept: Vec<&Mode> = modes.iter().filter(|m| m.mean_ns() < b.idle_floor_ns as f64).collect();
     let threshold = break_at(&kept, b);
-    let batches: u64 = kept.iter().filter(|m| m.min_ns >= threshold).map(|m| m.count).sum();
+    let total: u64 = kept.iter().map(|m| m.count).sum();
+    let ends = |significant_only: bool| -> u64 {
+        kept.iter()
+            .filter(|m| m.min_ns >= threshold)
+            .filter(|m| !significant_only || m.count as f64 >= b.min_mode_share * total as f64)
+            .map(|m| m.count)
+            .sum()
+    };
+    let batches = match ends(true) {
+        0 => ends(false),
+        n => n,
+    };
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
 }
 
 /// The shortest gap that ends a batch: where the widest qualifying break between adjacent
-/// significant modes ends (0: every gap ends a batch).
+/// significant modes ends (0: every gap ends a batch). The first mode above the last significant
+/// one is a side too, so that a few long batches after many short gaps still form a break.
 fn break_at(kept: &[&Mode], b: &Break) -> u64 {
     let total: u64 = kept.iter().map(|m| m.count).sum();
-    let significant: Vec<&Mode> =
-        kept.iter().copied().filter(|m| m.count as f64 >= b.min_mode_share * total as f64).collect();
+    let is_significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
+    let mut significant: Vec<&Mode> = kept.iter().copied().filter(|m| is_significant(m)).collect();
+    if let Some(top) = kept.iter().rposition(|m| is_significant(m)) {
+        significant.extend(kept.get(top + 1).copied());
+    }
     let ratio = |j: usize| significant[j].min_ns as f64 / significant[j - 1].max_ns.max(1) as f64;
     (1..significant.len())
         .filter(|&j| significant[j - 1].max_ns <= b.intra_batch_max_ns && ratio(j) >= b.min_ratio)
@@ -107,6 +126,17 @@ mod tests {
         // Counted as significant, the lone gap leaves no break 3× wide: everything is a batch.
         let all = Break { min_mode_share: 0.0, ..BREAK };
         assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 296);
+    }
+
+    #[test]
+    fn rare_long_gaps_are_time_inside_a_batch() {
+        // 200 batches of ~5 ms; two requests retransmitted 12 ms into their batch.
+        let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.05, 200), mode(12_000.0, 0.0, 2)];
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
+        assert_eq!(est.batches, 200);
+        // A flow whose only gaps above the break are rare still has batches.
+        let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.0, 3)];
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 3);
     }
 
     #[test]

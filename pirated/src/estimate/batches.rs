@@ -15,6 +15,9 @@
 use super::FlowEstimate;
 use crate::flow::Mode;
 
+/// How far above the longest significant batch-ending gap a rare gap still ends a batch.
+const RARE_REACH: f64 = 1.25;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Break {
     /// Gaps (modes) at or above this are idle periods or retransmission timeouts: left out.
@@ -30,24 +33,24 @@ pub struct Break {
 
 /// The mean time between batch starts over one flow's modes (ascending), or `None` without gaps.
 ///
-/// Above the break, only modes holding a significant share of the gaps count as batch ends; a
-/// rare gap there (a request retransmitted after a tail-loss probe, a scheduling hiccup) is time
-/// spent inside a batch. Only when no mode above the break is significant do they all count.
+/// Above the break, modes holding a significant share of the gaps end batches, and so do rare
+/// ones among or just above them (up to `RARE_REACH`× the longest significant gap: a slow
+/// response). A rare gap far beyond them (a request retransmitted after a tail-loss probe,
+/// roughly two round trips late) is time spent inside a batch. With no significant mode above
+/// the break, every gap above it ends a batch.
 pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     let kept: Vec<&Mode> = modes.iter().filter(|m| m.mean_ns() < b.idle_floor_ns as f64).collect();
     let threshold = break_at(&kept, b);
     let total: u64 = kept.iter().map(|m| m.count).sum();
-    let ends = |significant_only: bool| -> u64 {
-        kept.iter()
-            .filter(|m| m.min_ns >= threshold)
-            .filter(|m| !significant_only || m.count as f64 >= b.min_mode_share * total as f64)
-            .map(|m| m.count)
-            .sum()
-    };
-    let batches = match ends(true) {
-        0 => ends(false),
-        n => n,
-    };
+    let above: Vec<&Mode> = kept.iter().copied().filter(|m| m.min_ns >= threshold).collect();
+    let significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
+    let reach = above
+        .iter()
+        .filter(|m| significant(m))
+        .map(|m| m.max_ns)
+        .max()
+        .map_or(u64::MAX, |longest| (longest as f64 * RARE_REACH) as u64);
+    let batches: u64 = above.iter().filter(|m| significant(m) || m.min_ns <= reach).map(|m| m.count).sum();
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
 }
@@ -130,10 +133,11 @@ mod tests {
 
     #[test]
     fn rare_long_gaps_are_time_inside_a_batch() {
-        // 200 batches of ~5 ms; two requests retransmitted 12 ms into their batch.
-        let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.05, 200), mode(12_000.0, 0.0, 2)];
+        // 200 batches of ~5 ms; two requests retransmitted 12 ms into their batch; one slow
+        // response at 6.5 ms, just above the rest: a batch.
+        let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.05, 200), mode(6_500.0, 0.0, 1), mode(12_000.0, 0.0, 2)];
         let est = batch_count_mean(&modes, &BREAK).unwrap();
-        assert_eq!(est.batches, 200);
+        assert_eq!(est.batches, 201);
         // A flow whose only gaps above the break are rare still has batches.
         let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.0, 3)];
         assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 3);

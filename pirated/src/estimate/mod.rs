@@ -15,10 +15,10 @@ use crate::flow::{server, FlowEpoch, Mode};
 #[serde(rename_all = "lowercase")]
 pub enum Estimator {
     /// The paper's proportional mode sum: the largest de-noised mode is the inter-batch gap.
+    #[default]
     Paper,
     /// Gap time over the number of gaps that end a batch (every gap above the break between
     /// intra- and inter-batch gaps): right when service times vary within an epoch.
-    #[default]
     Batches,
 }
 

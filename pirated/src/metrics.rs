@@ -83,7 +83,7 @@ impl Metrics {
         };
         registry.register(
             "server_response_latency_seconds",
-            "Mean response latency per server (destination address:port) over the last epoch (Pirate proportional mode sum)",
+            "Mean response latency per server (destination address:port) over the last epoch, from the configured estimator",
             m.server_latency.clone(),
         );
         registry.register(

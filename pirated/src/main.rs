@@ -17,8 +17,8 @@ use pirated::{config::Config, datapath::Datapath, epoch, metrics, replay};
 /// pirated attaches the XDP program `pirate` to the client-facing interface, summarises each
 /// flow's inter-packet gaps into a few modes in the kernel, and every epoch turns them into a
 /// mean response latency per flow and per server (Pirate's proportional mode sum, or the
-/// `batches` estimator). Results are
-/// served as Prometheus metrics and optionally printed as JSON lines.
+/// `batches` estimator). Results are served as Prometheus metrics and optionally printed as
+/// JSON lines.
 #[derive(Parser, Debug)]
 #[command(version, propagate_version = true)]
 struct Cli {

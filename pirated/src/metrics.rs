@@ -29,6 +29,19 @@ struct ServerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabel {
+    server: String,
+    quantile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabel {
+    server: String,
+    quantile: String,
+    bound: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
@@ -36,6 +49,8 @@ struct OutcomeLabel {
 pub struct Metrics {
     registry: Registry,
     server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
+    server_quantile: Family<QuantileLabel, Gauge<f64, AtomicU64>>,
+    server_quantile_bound: Family<BoundLabel, Gauge<f64, AtomicU64>>,
     server_flows: Family<ServerLabel, Gauge>,
     server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
     server_batches: Family<ServerLabel, Counter>,
@@ -64,6 +79,8 @@ impl Metrics {
         let mut registry = Registry::with_prefix("pirated");
         let m = Metrics {
             server_latency: Family::default(),
+            server_quantile: Family::default(),
+            server_quantile_bound: Family::default(),
             server_flows: Family::default(),
             server_seconds: Family::default(),
             server_batches: Family::default(),
@@ -85,6 +102,16 @@ impl Metrics {
             "server_response_latency_seconds",
             "Mean response latency per server (destination address:port) over the last epoch, from the configured estimator",
             m.server_latency.clone(),
+        );
+        registry.register(
+            "server_response_latency_quantile_seconds",
+            "Response-latency quantiles (0.5, 0.9, 0.99) per server over the last epoch's batches, from the configured estimator's batch-ending modes",
+            m.server_quantile.clone(),
+        );
+        registry.register(
+            "server_response_latency_quantile_bound_seconds",
+            "Where each quantile surely lies (bound=lower|upper), wherever the gaps are inside their modes: the quantile's error is at most this range",
+            m.server_quantile_bound.clone(),
         );
         registry.register(
             "server_flows",
@@ -141,9 +168,18 @@ impl Metrics {
     /// Publishes one epoch: per-server gauges are replaced, counters advance.
     pub fn publish(&mut self, report: &EpochReport, kernel: &[u64; counters::COUNT as usize], tracked: usize) {
         self.server_latency.clear();
+        self.server_quantile.clear();
+        self.server_quantile_bound.clear();
         self.server_flows.clear();
         for s in &report.servers {
             let label = ServerLabel { server: s.server.to_string() };
+            for q in &s.quantiles {
+                let (server, quantile) = (label.server.clone(), q.q.to_string());
+                let bound = |bound| BoundLabel { server: server.clone(), quantile: quantile.clone(), bound };
+                self.server_quantile_bound.get_or_create(&bound("lower")).set(q.lower_ns / 1e9);
+                self.server_quantile_bound.get_or_create(&bound("upper")).set(q.upper_ns / 1e9);
+                self.server_quantile.get_or_create(&QuantileLabel { server, quantile }).set(q.estimate_ns / 1e9);
+            }
             self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
             self.server_flows.get_or_create(&label).set(s.flows as i64);
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);

@@ -5,7 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::{
-    estimate::{per_server, Estimator, FlowEstimate, ServerEstimate, Settings},
+    estimate::{per_server, quantile::Quantile, Estimator, FlowEstimate, ServerEstimate, Settings},
     flow::{client, proto_name, server, FlowEpoch},
 };
 
@@ -73,7 +73,10 @@ impl EpochReport {
                 server: server(&f.key).to_string(),
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
-                estimates: Both { paper: r.paper.map(Figure::from), batches: r.batches.map(Figure::from) },
+                estimates: Both {
+                    paper: r.paper.as_ref().map(Figure::from),
+                    batches: r.batches.as_ref().map(Figure::from),
+                },
                 samples: f.samples,
                 causal_mean_ns: (f.samples > 0).then(|| f.samples_sum_ns / f.samples),
                 packets: f.packets,
@@ -92,6 +95,7 @@ impl EpochReport {
                 estimate_ns: s.estimate_ns.round() as u64,
                 flows: s.flows,
                 batches: s.batches,
+                quantiles: s.quantiles.iter().map(QuantileLine::from).collect(),
                 estimates: Both {
                     paper: find(&self.servers_paper, s.server),
                     batches: find(&self.servers_batches, s.server),
@@ -109,17 +113,43 @@ impl EpochReport {
 struct Figure {
     estimate_ns: u64,
     batches: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    quantiles: Vec<QuantileLine>,
 }
 
-impl From<FlowEstimate> for Figure {
-    fn from(e: FlowEstimate) -> Figure {
-        Figure { estimate_ns: e.estimate_ns.round() as u64, batches: e.batches }
+impl From<&FlowEstimate> for Figure {
+    fn from(e: &FlowEstimate) -> Figure {
+        Figure { estimate_ns: e.estimate_ns.round() as u64, batches: e.batches, quantiles: Vec::new() }
     }
 }
 
 impl From<&ServerEstimate> for Figure {
     fn from(e: &ServerEstimate) -> Figure {
-        Figure { estimate_ns: e.estimate_ns.round() as u64, batches: e.batches }
+        Figure {
+            estimate_ns: e.estimate_ns.round() as u64,
+            batches: e.batches,
+            quantiles: e.quantiles.iter().map(QuantileLine::from).collect(),
+        }
+    }
+}
+
+/// A response-latency quantile and the bounds it is sure to lie within.
+#[derive(Serialize)]
+struct QuantileLine {
+    q: f64,
+    estimate_ns: u64,
+    lower_ns: u64,
+    upper_ns: u64,
+}
+
+impl From<&Quantile> for QuantileLine {
+    fn from(q: &Quantile) -> QuantileLine {
+        QuantileLine {
+            q: q.q,
+            estimate_ns: q.estimate_ns.round() as u64,
+            lower_ns: q.lower_ns.round() as u64,
+            upper_ns: q.upper_ns.round() as u64,
+        }
     }
 }
 
@@ -160,5 +190,7 @@ struct ServerLine {
     estimate_ns: u64,
     flows: usize,
     batches: u64,
+    /// The configured estimator's response-latency quantiles over the server's batches.
+    quantiles: Vec<QuantileLine>,
     estimates: Both,
 }

@@ -264,16 +264,20 @@ pub fn batch_weighted_mean(lines: &[Value], of: Of<'_>, by: By) -> Option<(f64, 
     };
     let (mut total, mut batches) = (0.0, 0u64);
     for v in lines.iter().filter(|v| v["type"] == kind && v[field] == value) {
-        let figure = match by {
-            By::Configured => v,
-            By::Paper => &v["estimates"]["paper"],
-            By::Batches => &v["estimates"]["batches"],
-        };
+        let figure = by.figure(v);
         let (Some(e), Some(b)) = (figure["estimate_ns"].as_f64(), figure["batches"].as_u64()) else { continue };
         total += e * b as f64;
         batches += b;
     }
     (batches > 0).then(|| (total / batches as f64 / 1e9, batches))
+}
+
+/// One server's response-latency quantiles in its last epoch in `lines`: (q, seconds). Run
+/// pirated with an epoch longer than the test so that the last is the whole run.
+pub fn server_quantiles(lines: &[Value], server: &str, by: By) -> Vec<(f64, f64)> {
+    let Some(line) = lines.iter().rfind(|v| v["type"] == "server" && v["server"] == server) else { return Vec::new() };
+    let Some(qs) = by.figure(line)["quantiles"].as_array() else { return Vec::new() };
+    qs.iter().filter_map(|q| Some((q["q"].as_f64()?, q["estimate_ns"].as_f64()? / 1e9))).collect()
 }
 
 /// Which estimator's figures to read.
@@ -282,6 +286,16 @@ pub enum By {
     Configured,
     Paper,
     Batches,
+}
+
+impl By {
+    fn figure(self, line: &Value) -> &Value {
+        match self {
+            By::Configured => line,
+            By::Paper => &line["estimates"]["paper"],
+            By::Batches => &line["estimates"]["batches"],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -28,6 +28,13 @@ impl WebRun {
         let kept: Vec<f64> = self.batches.iter().filter(|b| b.1 < below).map(|b| b.1.as_secs_f64()).collect();
         (kept.iter().sum::<f64>() / kept.len().max(1) as f64, kept.len())
     }
+
+    /// The `q` quantile of the batch latencies (nearest rank), seconds.
+    pub fn latency_quantile(&self, q: f64) -> f64 {
+        let mut v: Vec<f64> = self.batches.iter().map(|b| b.1.as_secs_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)
+    }
 }
 
 /// Deterministic per-connection choices (object counts and sizes) without a rand dependency.

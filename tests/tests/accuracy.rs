@@ -8,12 +8,16 @@ use pirate_tests::{
     clients::{redis_benchmark, wrk},
     linkem::LinkSpec,
     servers::{nginx, redis, think_time_http},
-    testbed::{batch_weighted_mean, By, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
-    webclient,
+    testbed::{batch_weighted_mean, server_quantiles, By, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    webclient::{self, WebRun},
 };
+use serde_json::Value;
+
+/// One epoch longer than any run here: quantiles are read from the whole run at once.
+const WHOLE_RUN: &str = "epoch = \"30s\"\n";
 
 /// With PIRATE_TEST_DUMP set, prints pirated's JSON lines (to see why an estimate is off).
-fn dump(lines: &[serde_json::Value]) {
+fn dump(lines: &[Value]) {
     if std::env::var_os("PIRATE_TEST_DUMP").is_some() {
         lines.iter().for_each(|l| eprintln!("{l}"));
     }
@@ -173,24 +177,91 @@ fn redis_benchmark_against_redis() -> Result<()> {
     Ok(())
 }
 
-/// Service times drawn per request from 2/5/10/20 ms (weights 0.4/0.3/0.2/0.1, like cache hits
-/// and misses), one request in flight: the batches estimator within 3 % of the client's own mean
-/// (not wrk's: its coordinated-omission correction inflates the mean of varying latencies). The
+/// The batches estimator's p50/p90/p99 for `server` against the client's own (nearest rank over
+/// its batches): prints them and returns those outside the bounds (p50/p90 5 %, p99 10 %).
+fn quantile_misses(lines: &[Value], server: &str, run: &WebRun) -> Vec<String> {
+    let est = server_quantiles(lines, server, By::Batches);
+    if est.len() != 3 {
+        return vec![format!("{server}: quantiles {est:?}, expected p50/p90/p99")];
+    }
+    let mut misses = Vec::new();
+    for (q, e) in est {
+        let truth = run.latency_quantile(q);
+        let (err, bound) = ((e - truth) / truth, if q >= 0.99 { 0.10 } else { 0.05 });
+        eprintln!(
+            "  p{:<2}: client {:.3} ms, pirated {:.3} ms, error {:+.2} % (bound {:.0} %)",
+            q * 100.0,
+            truth * 1e3,
+            e * 1e3,
+            err * 100.0,
+            bound * 100.0
+        );
+        if err.abs() > bound {
+            misses.push(format!("{server} p{}: {:+.2} %", q * 100.0, err * 100.0));
+        }
+    }
+    misses
+}
+
+/// One request in flight from the web-like client (its own per-request timings are the truth)
+/// to nginx, 1, 5 and 20 ms on the return path: the batches estimator's mean within 1 %, its
+/// p50/p90 within 5 % and p99 within 10 % of the client's.
+#[test]
+fn steady_mean_and_quantiles() -> Result<()> {
+    let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
+    let _nginx = nginx(&tb.server, &[("small", 100)])?;
+    let server = format!("{SERVER_IP}:80");
+    let mut misses = Vec::new();
+    for delay_ms in [1u64, 5, 20] {
+        let emu = tb.return_path.as_ref().unwrap().start(
+            &LinkSpec::delay(Duration::from_millis(delay_ms)),
+            &LinkSpec::default(),
+            delay_ms,
+        )?;
+        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, WHOLE_RUN)?;
+        let stream = tb.client.run_in(|| std::net::TcpStream::connect((SERVER_IP, 80)))??;
+        let run = webclient::run(stream, SERVER_IP, "small", &[], Duration::from_secs(4), delay_ms)?;
+        let lines = pirated.stop()?;
+        emu.stop()?;
+        dump(&lines);
+        let truth = run.mean_batch_latency(Duration::MAX).0;
+        let est = batch_weighted_mean(&lines, Of::Server(&server), By::Batches).expect("no server estimate").0;
+        let err = (est - truth) / truth;
+        eprintln!(
+            "delay {delay_ms:>2} ms: client mean {:.3} ms over {} requests, pirated {:.3} ms, error {:+.2} %",
+            truth * 1e3,
+            run.requests,
+            est * 1e3,
+            err * 100.0
+        );
+        if err.abs() > 0.01 {
+            misses.push(format!("{delay_ms} ms mean: {:+.2} %", err * 100.0));
+        }
+        misses.extend(quantile_misses(&lines, &server, &run));
+    }
+    assert!(misses.is_empty(), "outside the bounds: {misses:?}");
+    Ok(())
+}
+
+/// Service times drawn per request from 2/5/10/20 ms (weights 0.45/0.3/0.17/0.08, like cache
+/// hits and misses: each quantile falls inside one of them), one request in flight: the batches
+/// estimator's mean within 3 % of the client's own (not wrk's: its coordinated-omission
+/// correction inflates the mean of varying latencies), p50/p90 within 5 %, p99 within 10 %. The
 /// paper's estimator is printed beside it: it takes every gap but the largest mode's for time
 /// inside a batch and overestimates several-fold.
 #[test]
 fn variable_service_times() -> Result<()> {
     let tb = OnePoint::new()?;
     let ms = Duration::from_millis;
-    think_time_http(&tb.server, 8080, &[(ms(2), 0.4), (ms(5), 0.3), (ms(10), 0.2), (ms(20), 0.1)], 1)?;
-    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "")?;
+    think_time_http(&tb.server, 8080, &[(ms(2), 0.45), (ms(5), 0.3), (ms(10), 0.17), (ms(20), 0.08)], 1)?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, WHOLE_RUN)?;
     let stream = tb.client.run_in(|| std::net::TcpStream::connect((SERVER_IP, 8080)))??;
     let run = webclient::run(stream, SERVER_IP, "page", &[], Duration::from_secs(5), 1)?;
     let lines = pirated.stop()?;
     dump(&lines);
     let truth = run.mean_batch_latency(Duration::MAX).0;
-    let client = run.local.to_string();
-    let mean = |by| batch_weighted_mean(&lines, Of::Flow(&client), by).map(|(e, _)| e);
+    let server = format!("{SERVER_IP}:8080");
+    let mean = |by| batch_weighted_mean(&lines, Of::Server(&server), by).map(|(e, _)| e);
     let (batches, paper) = (mean(By::Batches).expect("no estimate"), mean(By::Paper).unwrap_or(f64::NAN));
     let err = |e: f64| (e - truth) / truth * 100.0;
     eprintln!(
@@ -202,6 +273,8 @@ fn variable_service_times() -> Result<()> {
         paper * 1e3,
         err(paper)
     );
+    let misses = quantile_misses(&lines, &server, &run);
     assert!(err(batches).abs() <= 3.0, "batches estimator {:+.2} % (≤ 3 %)", err(batches));
+    assert!(misses.is_empty(), "outside the bounds: {misses:?}");
     Ok(())
 }

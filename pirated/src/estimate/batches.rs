@@ -39,31 +39,34 @@ pub struct Break {
 /// roughly two round trips late) is time spent inside a batch. With no significant mode above
 /// the break, every gap above it ends a batch.
 pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
-    let kept: Vec<&Mode> = modes.iter().filter(|m| m.mean_ns() < b.idle_floor_ns as f64).collect();
-    let threshold = break_at(&kept, b);
+    // Modes are disjoint and ascending: those below the idle floor are a prefix.
+    let kept = &modes[..modes.partition_point(|m| m.mean_ns() < b.idle_floor_ns as f64)];
+    let first = kept.partition_point(|m| m.min_ns < break_at(kept, b));
     let total: u64 = kept.iter().map(|m| m.count).sum();
-    let above: Vec<&Mode> = kept.iter().copied().filter(|m| m.min_ns >= threshold).collect();
     let significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
+    let above = &kept[first..];
     let reach = above
         .iter()
         .filter(|m| significant(m))
         .map(|m| m.max_ns)
         .max()
         .map_or(u64::MAX, |longest| (longest as f64 * RARE_REACH) as u64);
-    let batches: u64 = above.iter().filter(|m| significant(m) || m.min_ns <= reach).map(|m| m.count).sum();
+    // Rare modes beyond the reach are above every significant one: the batch ends are contiguous.
+    let ends = first..first + above.partition_point(|m| significant(m) || m.min_ns <= reach);
+    let batches: u64 = modes[ends.clone()].iter().map(|m| m.count).sum();
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
-    (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns })
+    (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns, ends })
 }
 
 /// The shortest gap that ends a batch: where the widest qualifying break between adjacent
 /// significant modes ends (0: every gap ends a batch). The first mode above the last significant
 /// one is a side too, so that a few long batches after many short gaps still form a break.
-fn break_at(kept: &[&Mode], b: &Break) -> u64 {
+fn break_at(kept: &[Mode], b: &Break) -> u64 {
     let total: u64 = kept.iter().map(|m| m.count).sum();
     let is_significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
-    let mut significant: Vec<&Mode> = kept.iter().copied().filter(|m| is_significant(m)).collect();
-    if let Some(top) = kept.iter().rposition(|m| is_significant(m)) {
-        significant.extend(kept.get(top + 1).copied());
+    let mut significant: Vec<&Mode> = kept.iter().filter(|m| is_significant(m)).collect();
+    if let Some(top) = kept.iter().rposition(is_significant) {
+        significant.extend(kept.get(top + 1));
     }
     let ratio = |j: usize| significant[j].min_ns as f64 / significant[j - 1].max_ns.max(1) as f64;
     (1..significant.len())

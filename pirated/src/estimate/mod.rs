@@ -3,12 +3,14 @@
 
 pub mod batches;
 pub mod pirate;
+pub mod quantile;
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{collections::BTreeMap, net::SocketAddr, ops::Range};
 
 use serde::{Deserialize, Serialize};
 
 use crate::flow::{server, FlowEpoch, Mode};
+use quantile::{quantiles, spans, Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -36,13 +38,15 @@ impl Settings {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct FlowEstimate {
     pub estimate_ns: f64,
     /// Batch-to-batch intervals measured (for the paper's estimator: gaps in the IBG mode).
     pub batches: u64,
     /// Total time of the gaps counted (estimate = kept / batches).
     pub kept_ns: u64,
+    /// The modes whose gaps end a batch (indices into the flow's modes).
+    pub ends: Range<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -52,23 +56,34 @@ pub struct ServerEstimate {
     pub estimate_ns: f64,
     pub flows: usize,
     pub batches: u64,
+    /// Response-latency quantiles (`QUANTILES`) over the server's batches.
+    pub quantiles: Vec<Quantile>,
 }
 
 /// Aggregates flow estimates per server (destination address and port).
 pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>) -> Vec<ServerEstimate> {
-    let mut acc: BTreeMap<SocketAddr, (u64, u64, usize)> = BTreeMap::new();
+    #[derive(Default)]
+    struct Acc {
+        kept_ns: u64,
+        batches: u64,
+        flows: usize,
+        spans: Vec<Span>,
+    }
+    let mut acc: BTreeMap<SocketAddr, Acc> = BTreeMap::new();
     for (flow, est) in flows {
-        let e = acc.entry(server(&flow.key)).or_default();
-        e.0 += est.kept_ns;
-        e.1 += est.batches;
-        e.2 += 1;
+        let a = acc.entry(server(&flow.key)).or_default();
+        a.kept_ns += est.kept_ns;
+        a.batches += est.batches;
+        a.flows += 1;
+        a.spans.extend(spans(&flow.modes, est));
     }
     acc.into_iter()
-        .map(|(server, (kept, batches, flows))| ServerEstimate {
+        .map(|(server, a)| ServerEstimate {
             server,
-            estimate_ns: kept as f64 / batches as f64,
-            flows,
-            batches,
+            estimate_ns: a.kept_ns as f64 / a.batches as f64,
+            flows: a.flows,
+            batches: a.batches,
+            quantiles: quantiles(&a.spans, &QUANTILES),
         })
         .collect()
 }

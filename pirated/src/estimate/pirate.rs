@@ -48,7 +48,12 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
             let kept_ns: u64 = modes[..=ibg].iter().map(|m| m.sum_ns).sum();
             let batches = modes[ibg].count;
             let estimate_ns = kept_ns as f64 / batches as f64;
-            (estimate_ns < d.idle_floor_ns as f64).then_some(FlowEstimate { estimate_ns, batches, kept_ns })
+            (estimate_ns < d.idle_floor_ns as f64).then_some(FlowEstimate {
+                estimate_ns,
+                batches,
+                kept_ns,
+                ends: ibg..ibg + 1,
+            })
         })
     };
     [(true, d.min_ibg_gaps), (false, d.min_ibg_gaps), (true, 1), (false, 1)]

@@ -34,6 +34,7 @@ pub struct PirateConfig {
     pub min_ibg_gaps: u64,
     pub intra_batch_max: Dur,
     pub min_break_ratio: f64,
+    pub batch_gap: BatchGap,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
 }
@@ -83,6 +84,7 @@ impl Default for PirateConfig {
             min_ibg_gaps: 2,
             intra_batch_max: Dur(Duration::from_millis(2)),
             min_break_ratio: 3.0,
+            batch_gap: BatchGap::Auto,
             skip_pure_acks: true,
             mark_after_short: true,
         }
@@ -144,6 +146,14 @@ impl Config {
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             bail!("pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})", p.intra_batch_max, p.idle_floor);
         }
+        if let BatchGap::Fixed(gap) = p.batch_gap {
+            if gap.0.is_zero() || gap.0 >= p.idle_floor.0 {
+                bail!(
+                    "pirate.batch_gap = {gap}: must be \"auto\" or a duration above 0 and below pirate.idle_floor ({})",
+                    p.idle_floor
+                );
+            }
+        }
         if p.min_ibg_gaps == 0 {
             bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
         }
@@ -171,6 +181,10 @@ impl Config {
                 intra_batch_max_ns: p.intra_batch_max.as_nanos(),
                 min_ratio: p.min_break_ratio,
                 min_mode_share: p.min_mode_share,
+                fixed_ns: match p.batch_gap {
+                    BatchGap::Auto => None,
+                    BatchGap::Fixed(gap) => Some(gap.as_nanos()),
+                },
             },
         }
     }
@@ -240,6 +254,33 @@ impl fmt::Display for Dur {
     }
 }
 
+/// Where batches end for the batches estimator: at the break found in each flow's modes every
+/// epoch ("auto"), or at every gap of at least a fixed duration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchGap {
+    Auto,
+    Fixed(Dur),
+}
+
+impl<'de> Deserialize<'de> for BatchGap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "auto" {
+            return Ok(BatchGap::Auto);
+        }
+        s.parse().map(BatchGap::Fixed).map_err(|e| de::Error::custom(format!("{e}, or \"auto\"")))
+    }
+}
+
+impl Serialize for BatchGap {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BatchGap::Auto => s.serialize_str("auto"),
+            BatchGap::Fixed(d) => s.collect_str(d),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -284,5 +325,20 @@ mod tests {
         assert!(format!("{err:#}").contains("pirate.modes = 17"), "{err:#}");
         let err = Config::parse("epoch = \"fast\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+
+    #[test]
+    fn batch_gap_is_auto_or_a_duration_below_the_floor() {
+        let gap = |text: &str| Config::parse(&format!("[pirate]\nbatch_gap = {text}\n")).map(|c| c.pirate.batch_gap);
+        assert_eq!(gap("\"auto\"").unwrap(), BatchGap::Auto);
+        assert_eq!(gap("\"1500us\"").unwrap(), BatchGap::Fixed(Dur(Duration::from_micros(1500))));
+        assert_eq!(
+            Config::parse("[pirate]\nbatch_gap = \"3ms\"\n").unwrap().estimation().batches.fixed_ns,
+            Some(3_000_000)
+        );
+        for bad in ["\"sometimes\"", "\"0ms\"", "\"1s\""] {
+            let err = format!("{:#}", gap(bad).unwrap_err());
+            assert!(err.contains("batch_gap") || err.contains("auto"), "{bad}: {err}");
+        }
     }
 }

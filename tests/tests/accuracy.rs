@@ -89,19 +89,16 @@ fn web_like_dependency_tree() -> Result<()> {
 #[test]
 fn web_like_with_loss_and_reordering() -> Result<()> {
     let impaired: LinkSpec = "delay=1ms,loss=0.01,reorder=0.25".parse()?;
-    // Reordering splits the inter-batch gaps into modes a reorder delay apart: the paper's
-    // estimator (the default), which takes the largest for the IBG, then counts the others as
-    // time inside batches (+15–30 % on 1–2 of 8 connections in some runs).
-    // So only the median is bounded, as the issue bounds it; p90 is printed.
     let errors = web_like(&impaired, Duration::from_millis(4))?;
-    let m = median(errors);
-    assert!(m <= 0.05, "median {:.2} % (≤ 5 %)", m * 100.0);
+    let (m, p90) = (median(errors.clone()), quantile(errors, 0.9));
+    assert!(m <= 0.05 && p90 <= 0.15, "median {:.2} % (≤ 5 %), p90 {:.2} % (≤ 15 %)", m * 100.0, p90 * 100.0);
     Ok(())
 }
 
 /// Runs eight web-like connections for 8 s (long enough that each sees dozens of losses in the
-/// lossy case) with `client_side` impairments (client→vp) and
-/// `response_delay` on the return path; returns each connection's |relative error|.
+/// lossy case) with `client_side` impairments (client→vp) and `response_delay` on the return
+/// path; returns each connection's |relative error| from the batches estimator (the paper's is
+/// printed beside it).
 fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>> {
     let tb = OnePoint::with(Links { return_path: true, client_side: true })?;
     let _nginx = nginx(&tb.server, &[("page", 3_000), ("a", 1_200), ("b", 9_000), ("c", 30_000), ("d", 60_000)])?;
@@ -116,38 +113,40 @@ fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>
             }))
         })
         .collect::<Result<_>>()?;
-    let runs: Vec<webclient::WebRun> = conns.into_iter().map(|h| h.join().unwrap()).collect::<Result<_>>()?;
+    let runs: Vec<WebRun> = conns.into_iter().map(|h| h.join().unwrap()).collect::<Result<_>>()?;
     let lines = pirated.stop()?;
     dump(&lines);
     let (ret, fwd) = (ret.stop()?, fwd.stop()?);
     eprintln!("client→vp emulator: {:?}\nreturn emulator: {:?}", fwd.ab, ret.ab);
-    let mut errors = Vec::new();
+    let (mut errors, mut paper_errors) = (Vec::new(), Vec::new());
     // pirated's default idle floor: batches stalled by a retransmission timeout are not latency.
     let floor = Duration::from_millis(200);
     for run in &runs {
-        let est = batch_weighted_mean(&lines, Of::Flow(&run.local.to_string()), By::Configured)
-            .expect("no estimate for a connection")
-            .0;
+        let client = run.local.to_string();
+        let mean = |by| batch_weighted_mean(&lines, Of::Flow(&client), by).map_or(f64::NAN, |(e, _)| e);
         let (truth, kept) = run.mean_batch_latency(floor);
-        let err = (est - truth) / truth;
+        let err = |e: f64| (e - truth) / truth;
+        let (batches, paper) = (mean(By::Batches), mean(By::Paper));
         eprintln!(
-            "{}: {} batches ({} under {floor:?}), {} requests, client {:.3} ms (all batches {:.3} ms), pirated {:.3} ms, error {:+.2} %",
+            "{}: {} batches ({} under {floor:?}), client {:.3} ms (all batches {:.3} ms), batches estimator {:.3} ms ({:+.2} %), paper's {:.3} ms ({:+.2} %)",
             run.local,
             run.batches.len(),
             kept,
-            run.requests,
             truth * 1e3,
             run.mean_batch_latency(Duration::MAX).0 * 1e3,
-            est * 1e3,
-            err * 100.0
+            batches * 1e3,
+            err(batches) * 100.0,
+            paper * 1e3,
+            err(paper) * 100.0,
         );
-        errors.push(err.abs());
+        // NaN (no estimate) fails the bounds.
+        errors.push(if batches.is_nan() { f64::INFINITY } else { err(batches).abs() });
+        paper_errors.push(err(paper).abs());
     }
-    eprintln!(
-        "median |relative error| {:.2} %, p90 {:.2} %",
-        median(errors.clone()) * 100.0,
-        quantile(errors.clone(), 0.9) * 100.0
-    );
+    let summary = |e: &[f64]| {
+        format!("median {:.2} %, p90 {:.2} %", median(e.to_vec()) * 100.0, quantile(e.to_vec(), 0.9) * 100.0)
+    };
+    eprintln!("|relative error|: batches estimator {}; paper's {}", summary(&errors), summary(&paper_errors));
     Ok(errors)
 }
 

@@ -17,10 +17,11 @@ use quantile::{quantiles, spans, Quantile, Span, QUANTILES};
 #[serde(rename_all = "lowercase")]
 pub enum Estimator {
     /// The paper's proportional mode sum: the largest de-noised mode is the inter-batch gap.
-    #[default]
     Paper,
     /// Gap time over the number of gaps that end a batch (every gap above the break between
-    /// intra- and inter-batch gaps): right when service times vary within an epoch.
+    /// intra- and inter-batch gaps): right when service times vary within an epoch, and under
+    /// loss with reordering, where the paper's is off by up to 10 %.
+    #[default]
     Batches,
 }
 

@@ -72,3 +72,42 @@ pub fn redis_benchmark(ns: &Netns, host: &str, clients: u32, requests: u32, pipe
     let mean_ms: f64 = fields.get(2).context("no avg_latency_ms column")?.parse()?;
     Ok(ClientLatency { mean: mean_ms / 1e3, requests: requests as u64 })
 }
+
+/// `h2load` over HTTP/2 cleartext (prior knowledge) on one connection with `streams` requests
+/// multiplexed on it, for `duration` (whole seconds). Its own mean time for request (request
+/// sent → response complete), from its per-request log: µs resolution, where its summary rounds
+/// to 10 µs above 1 ms.
+pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result<ClientLatency> {
+    let log = std::env::temp_dir().join(format!("pirate-h2load-{}.log", std::process::id()));
+    let out = ns.run(&[
+        "h2load",
+        "-c1",
+        &format!("-m{streams}"),
+        "-D",
+        &duration.as_secs().max(1).to_string(),
+        &format!("--log-file={}", log.display()),
+        url,
+    ]);
+    let log_text = std::fs::read_to_string(&log);
+    let _ = std::fs::remove_file(&log);
+    let (out, log_text) = (out?, log_text.context("reading h2load's log")?);
+    // "requests: 1003 total, 1003 started, 1003 done, 1000 succeeded, 3 failed, 3 errored, 0 timeout"
+    let failed = out
+        .lines()
+        .find_map(|l| l.strip_prefix("requests: "))
+        .and_then(|l| l.split(", ").find_map(|f| f.strip_suffix(" failed")))
+        .with_context(|| format!("h2load printed:\n{out}"))?;
+    // Per request: start (µs since the epoch), status, µs until the response ended.
+    let times: Vec<f64> = log_text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f.get(1) == Some(&"200")).then(|| f.get(2)?.parse::<f64>().ok()).flatten()
+        })
+        .collect();
+    if failed != "0" || times.is_empty() || !out.contains("Application protocol: h2c") {
+        bail!("h2load: {} requests succeeded, {failed} failed:\n{out}", times.len());
+    }
+    let mean_us = times.iter().sum::<f64>() / times.len() as f64;
+    Ok(ClientLatency { mean: mean_us / 1e6, requests: times.len() as u64 })
+}

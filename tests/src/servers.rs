@@ -46,8 +46,18 @@ fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
 }
 
 /// nginx on port 80 (IPv4 and IPv6), one worker, serving `files` (name, size in bytes) from
-/// its document root; responses are the files' bytes.
+/// its document root over HTTP/1.1; responses are the files' bytes.
 pub fn nginx(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
+    start_nginx(ns, files, false)
+}
+
+/// [`nginx`] speaking HTTP/2 over cleartext only (h2c with prior knowledge, as `h2load` does
+/// for `http://` URLs): nginx 1.22 cannot offer HTTP/1.1 and h2c on one cleartext port.
+pub fn nginx_h2(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
+    start_nginx(ns, files, true)
+}
+
+fn start_nginx(ns: &Netns, files: &[(&str, usize)], http2: bool) -> Result<Server> {
     let dir = scratch(ns, "nginx")?;
     let root = dir.join("www");
     std::fs::create_dir_all(&root)?;
@@ -61,10 +71,11 @@ pub fn nginx(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
             "worker_processes 1;\nerror_log stderr error;\npid {pid};\nevents {{ worker_connections 1024; }}\n\
              http {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 300s;\n\
              client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n\
-             server {{ listen 80; listen [::]:80; root {root}; }}\n}}\n",
+             server {{ listen 80{h2}; listen [::]:80{h2}; root {root}; }}\n}}\n",
             pid = dir.join("nginx.pid").display(),
             tmp = dir.display(),
-            root = root.display()
+            root = root.display(),
+            h2 = if http2 { " http2" } else { "" },
         ),
     )?;
     let child = ns

@@ -43,6 +43,14 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// The paper's and the batches estimator against the clients' own latencies (mean, and
+    /// p50/p90/p99 where the client has them) over a matrix of testbed cases, as one table.
+    /// Needs root; about 2 minutes.
+    Accuracy {
+        /// Extra arguments for the benchmark binary (see its --help), e.g. `--case h2c`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -62,6 +70,17 @@ fn cargo(args: &[&str]) -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.args(args);
     c
+}
+
+/// Builds the benchmark binary `bin` and the binaries it runs (`with`) in release mode, then runs
+/// it with `args`.
+fn bench(bin: &str, with: &[&str], args: &[String]) -> Result<()> {
+    let mut build = cargo(&["build", "--release", "--quiet"]);
+    for b in std::iter::once(&bin).chain(with) {
+        build.args(["--bin", b]);
+    }
+    run(&mut build)?;
+    run(Command::new(root().join("target/release").join(bin)).args(args))
 }
 
 fn main() -> Result<()> {
@@ -84,9 +103,10 @@ fn main() -> Result<()> {
                 "--nocapture",
             ]))
         }
-        Task::Bench { which: Bench::Datapath { args } } => {
-            run(&mut cargo(&["build", "--release", "--quiet", "-p", "pirate-tests", "--bin", "pirate-bench"]))?;
-            run(Command::new(root().join("target/release/pirate-bench")).args(&args))
+        Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
+        // The testbed runs pirated and the link emulator from next to the benchmark binary.
+        Task::Bench { which: Bench::Accuracy { args } } => {
+            bench("pirate-accuracy", &["pirated", "pirate-linkem"], &args)
         }
     }
 }

@@ -1,0 +1,221 @@
+//! The case matrix and one testbed run per case. Each case gets its own testbed, so that one
+//! case's links, servers and leftover connections cannot disturb the next.
+
+use std::{
+    net::{IpAddr, SocketAddr, TcpStream},
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use pirate_tests::{
+    clients::{h2load, redis_benchmark, wrk, ClientLatency},
+    linkem::LinkSpec,
+    servers::{nginx, nginx_h2, redis, think_time_http},
+    testbed::{Links, OnePoint, Pirated, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
+    webclient::{self, WebRun},
+};
+use serde_json::Value;
+
+/// One epoch longer than any run: pirated emits it, partial, when stopped, so the mean and the
+/// quantiles cover the whole run.
+const WHOLE_RUN: &str = "epoch = \"30s\"\n";
+
+/// nginx's files: `small` for one request at a time, the rest for the web-like dependency tree
+/// (as `web_like` in tests/tests/accuracy.rs).
+const FILES: &[(&str, usize)] =
+    &[("small", 100), ("page", 3_000), ("a", 1_200), ("b", 9_000), ("c", 30_000), ("d", 60_000)];
+
+/// pirated's default idle floor: batches stalled by a retransmission timeout are not response
+/// latency (Pirate leaves such gaps out by design, §3.3), so neither are they in the truth.
+const FLOOR: Duration = Duration::from_millis(200);
+
+/// The quantiles the web client's truth and pirated both report.
+const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+
+#[derive(Clone, Copy)]
+enum Server {
+    /// nginx serving [`FILES`] over HTTP/1.1, or over h2c only.
+    Nginx {
+        http2: bool,
+    },
+    Redis,
+    /// `think_time_http` on port 8080, service times (ms, weight) drawn per request.
+    ThinkTime(&'static [(u64, f64)]),
+}
+
+#[derive(Clone, Copy)]
+enum Client {
+    /// `webclient` on `conns` connections: the web-like tree (a page, then up to four objects
+    /// pipelined) or one `small` request in flight.
+    Web {
+        conns: u64,
+        web_like: bool,
+    },
+    H2load {
+        streams: u32,
+    },
+    RedisBenchmark {
+        pipeline: u32,
+    },
+    Wrk {
+        conns: u32,
+    },
+}
+
+pub struct Case {
+    pub name: String,
+    server: Server,
+    client: Client,
+    /// Added on the return path (server→client); none: a plain veth, no emulator.
+    return_delay_ms: Option<u64>,
+    /// Impairments client→vp, before pirated sees the packets.
+    client_side: Option<&'static str>,
+    ipv6: bool,
+}
+
+/// What a client measured itself: the mean and, where it has its own per-batch timings,
+/// quantiles (q, seconds).
+pub struct Truth {
+    pub mean: f64,
+    pub quantiles: Vec<(f64, f64)>,
+}
+
+/// A finished run: the truth, pirated's JSON lines, and the server (addr:port as pirated prints
+/// it) to read them for.
+pub struct Outcome {
+    pub truth: Truth,
+    pub lines: Vec<Value>,
+    pub server: String,
+}
+
+pub fn all() -> Vec<Case> {
+    let nginx = Server::Nginx { http2: false };
+    let one = Client::Web { conns: 1, web_like: false };
+    let case = |name: String, server, client, delay: Option<u64>| Case {
+        name,
+        server,
+        client,
+        return_delay_ms: delay,
+        client_side: None,
+        ipv6: false,
+    };
+    let mut cases = Vec::new();
+    for d in [1, 5, 20] {
+        cases.push(case(format!("steady {d} ms, web 1 in flight"), nginx, one, Some(d)));
+    }
+    cases.push(case(
+        "service 2/5/10/20 ms, web 1 in flight".into(),
+        Server::ThinkTime(&[(2, 0.45), (5, 0.3), (10, 0.17), (20, 0.08)]),
+        one,
+        None,
+    ));
+    for streams in [1, 4, 16] {
+        let name = format!("h2c 1 conn × {streams} streams, 5 ms, h2load");
+        cases.push(case(name, Server::Nginx { http2: true }, Client::H2load { streams }, Some(5)));
+    }
+    for pipeline in [4, 16] {
+        let name = format!("redis -P {pipeline}, 5 ms, redis-benchmark");
+        cases.push(case(name, Server::Redis, Client::RedisBenchmark { pipeline }, Some(5)));
+    }
+    for conns in [4, 64] {
+        cases.push(case(format!("{conns} conns, 5 ms, wrk"), nginx, Client::Wrk { conns }, Some(5)));
+    }
+    cases.push(Case {
+        client_side: Some("delay=1ms,loss=0.01,reorder=0.25"),
+        ..case(
+            "1 % loss + 25 % reorder, 4 ms, web-like 8 conns".into(),
+            nginx,
+            Client::Web { conns: 8, web_like: true },
+            Some(4),
+        )
+    });
+    cases.push(Case { ipv6: true, ..case("IPv6 steady 5 ms, web 1 in flight".into(), nginx, one, Some(5)) });
+    cases
+}
+
+impl Case {
+    /// Builds the testbed, starts the server, the emulators and pirated, drives the client for
+    /// `secs` seconds and stops pirated.
+    pub fn run(&self, secs: u64) -> Result<Outcome> {
+        let tb = OnePoint::with(Links {
+            return_path: self.return_delay_ms.is_some(),
+            client_side: self.client_side.is_some(),
+        })?;
+        let port = match self.server {
+            Server::Nginx { .. } => 80,
+            Server::Redis => 6379,
+            Server::ThinkTime(_) => 8080,
+        };
+        let ip: IpAddr = if self.ipv6 { SERVER_IP6 } else { SERVER_IP }.parse()?;
+        let addr = SocketAddr::new(ip, port);
+        let _server = match self.server {
+            Server::Nginx { http2: false } => Some(nginx(&tb.server, FILES)?),
+            Server::Nginx { http2: true } => Some(nginx_h2(&tb.server, FILES)?),
+            Server::Redis => Some(redis(&tb.server)?),
+            Server::ThinkTime(service) => {
+                let service: Vec<_> = service.iter().map(|&(ms, w)| (Duration::from_millis(ms), w)).collect();
+                think_time_http(&tb.server, port, &service, 1)?;
+                None
+            }
+        };
+        // Emulators run until dropped, after pirated has stopped.
+        let _return = match (self.return_delay_ms, &tb.return_path) {
+            (Some(ms), Some(link)) => {
+                Some(link.start(&LinkSpec::delay(Duration::from_millis(ms)), &LinkSpec::default(), 7)?)
+            }
+            _ => None,
+        };
+        let _client_side = match (self.client_side, &tb.client_side) {
+            (Some(spec), Some(link)) => Some(link.start(&spec.parse()?, &LinkSpec::default(), 11)?),
+            _ => None,
+        };
+        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, WHOLE_RUN)?;
+        let duration = Duration::from_secs(secs);
+        let truth = match self.client {
+            Client::Web { conns, web_like } => web(&tb, addr, conns, web_like, duration)?,
+            Client::H2load { streams } => {
+                h2load(&tb.client, &format!("http://{addr}/small"), streams, duration)?.into()
+            }
+            Client::RedisBenchmark { pipeline } => {
+                // About `secs` of traffic: one pipeline per response delay.
+                let batches = secs * 1000 / self.return_delay_ms.unwrap_or(1).max(1);
+                redis_benchmark(&tb.client, &ip.to_string(), 1, (batches * pipeline as u64) as u32, pipeline)?.into()
+            }
+            Client::Wrk { conns } => wrk(&tb.client, &format!("http://{addr}/small"), conns, duration)?.into(),
+        };
+        let lines = pirated.stop()?;
+        Ok(Outcome { truth, lines, server: addr.to_string() })
+    }
+}
+
+impl From<ClientLatency> for Truth {
+    fn from(c: ClientLatency) -> Truth {
+        Truth { mean: c.mean, quantiles: Vec::new() }
+    }
+}
+
+/// Runs `conns` web clients at once; the truth pools their batches below [`FLOOR`], so its mean
+/// is the batch-weighted mean over connections and its quantiles are over all batches, as
+/// pirated's per-server figures are.
+fn web(tb: &OnePoint, addr: SocketAddr, conns: u64, web_like: bool, duration: Duration) -> Result<Truth> {
+    let (page, objects): (&str, &[&str]) = if web_like { ("page", &["a", "b", "c", "d"]) } else { ("small", &[]) };
+    let host = addr.to_string();
+    let handles: Vec<_> = (0..conns)
+        .map(|seed| {
+            let stream =
+                tb.client.run_in(|| TcpStream::connect(addr))?.with_context(|| format!("connecting to {addr}"))?;
+            let host = host.clone();
+            Ok(std::thread::spawn(move || webclient::run(stream, &host, page, objects, duration, seed)))
+        })
+        .collect::<Result<_>>()?;
+    let mut pooled = WebRun { local: addr, batches: Vec::new(), requests: 0 };
+    for handle in handles {
+        let run = handle.join().expect("web client panicked")?;
+        pooled.batches.extend(run.batches.into_iter().filter(|b| b.1 < FLOOR));
+        pooled.requests += run.requests;
+    }
+    Ok(Truth {
+        mean: pooled.mean_batch_latency(Duration::MAX).0,
+        quantiles: QUANTILES.iter().map(|&q| (q, pooled.latency_quantile(q))).collect(),
+    })
+}

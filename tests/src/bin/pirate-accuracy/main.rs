@@ -1,0 +1,62 @@
+//! `cargo xtask bench accuracy`: pirated's two estimators — the paper's proportional mode sum and
+//! the batches estimator — against the clients' own latency figures, one testbed run per case,
+//! printed as one table. A benchmark, not a test: it reports errors and holds them to no bound,
+//! so that cases beyond the tests' (HTTP/2, pipelining, many connections, IPv6) can be compared.
+//! Needs root and pirated/pirate-linkem built next to it (the xtask builds them).
+
+mod cases;
+mod table;
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(about = "pirated's estimators against the clients' own latencies, one table")]
+struct Args {
+    /// Run only the cases whose name contains this (case-insensitive); repeatable.
+    #[arg(long)]
+    case: Vec<String>,
+    /// Seconds of traffic per case.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// List the cases and exit.
+    #[arg(long)]
+    list: bool,
+    /// Print pirated's JSON lines of each case on stderr (to see why an estimate is off).
+    #[arg(long)]
+    dump: bool,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let wanted =
+        |name: &str| args.case.is_empty() || args.case.iter().any(|c| name.to_lowercase().contains(&c.to_lowercase()));
+    let cases: Vec<_> = cases::all().into_iter().filter(|c| wanted(&c.name)).collect();
+    if args.list {
+        cases.iter().for_each(|c| println!("{}", c.name));
+        return Ok(());
+    }
+    if cases.is_empty() {
+        bail!("no case matches {:?} (see --list)", args.case);
+    }
+    let mut table = table::Table::default();
+    for (i, case) in cases.iter().enumerate() {
+        let start = Instant::now();
+        eprintln!("[{}/{}] {} …", i + 1, cases.len(), case.name);
+        let outcome = case.run(args.seconds);
+        match &outcome {
+            Ok(o) => {
+                eprintln!("      done in {:.1} s", start.elapsed().as_secs_f64());
+                if args.dump {
+                    o.lines.iter().for_each(|l| eprintln!("{l}"));
+                }
+            }
+            Err(e) => eprintln!("      failed: {e:#}"),
+        }
+        table.add(&case.name, &outcome);
+    }
+    println!("\n{}", table.render());
+    Ok(())
+}

@@ -4,6 +4,12 @@
 pub const FLAG_SKIP_PURE_ACKS: u32 = 1 << 0;
 /// Mark gaps that follow a non-full-size packet as inter-batch-gap candidates (§3.4, second heuristic).
 pub const FLAG_MARK_AFTER_SHORT: u32 = 1 << 1;
+/// Alg. 1's δ adapts per flow: each epoch takes the break found in the flow's previous epoch
+/// (`delta_ns` is then only the first epoch's δ).
+pub const FLAG_ADAPTIVE_DELTA: u32 = 1 << 2;
+
+/// A flow's δ adapts only from epochs with at least this many gaps: fewer say little.
+pub const MIN_GAPS_FOR_BREAK: u64 = 8;
 
 /// A payload is "full size" only if it is at least this long and as long as the largest payload
 /// seen on the flow: below it the flow never sends MSS-sized segments and every packet ends a batch.
@@ -20,7 +26,8 @@ pub const MODES_WIDE: usize = 16;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
-    /// Alg. 1: a gap longer than this starts a new batch (a causal pair).
+    /// Alg. 1: a gap longer than this starts a new batch (a causal pair); with
+    /// `FLAG_ADAPTIVE_DELTA`, only in a flow's first epoch.
     pub delta_ns: u64,
     /// Gaps and causal samples at or above this are retransmission timeouts or idle periods.
     pub idle_floor_ns: u64,
@@ -32,6 +39,8 @@ pub struct Params {
     pub max_modes: u32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// The break between intra- and inter-batch gaps (adaptive δ).
+    pub rules: crate::batch_break::BreakRules,
 }
 
 impl Params {

@@ -1,6 +1,10 @@
 //! Flow keys and per-flow state, exactly as they sit in the `FLOWS` map.
 
-use crate::modes::Modes;
+use crate::{
+    batch_break,
+    config::{Params, FLAG_ADAPTIVE_DELTA, MIN_GAPS_FOR_BREAK},
+    modes::Modes,
+};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -34,6 +38,9 @@ pub struct FlowState<const M: usize> {
     pub last_batch_ns: u64,
     /// Alg. 1 samples of this epoch below the idle floor: their sum and count.
     pub samples_sum_ns: u64,
+    /// Adaptive δ: gaps from this long start a new batch in this epoch (0: not derived yet, the
+    /// configured δ applies).
+    pub batch_gap_ns: u64,
     pub samples: u32,
     /// The epoch the measurement fields belong to.
     pub epoch: u32,
@@ -54,6 +61,7 @@ impl<const M: usize> FlowState<M> {
             last_pkt_ns: 0,
             last_batch_ns: 0,
             samples_sum_ns: 0,
+            batch_gap_ns: 0,
             samples: 0,
             epoch,
             packets: 0,
@@ -71,8 +79,20 @@ impl<const M: usize> FlowState<M> {
         self.packets > 0 && self.epoch.wrapping_add(1) == epoch
     }
 
-    /// Starts `epoch`: the measurement fields restart, the flow's timing continues.
-    pub fn start_epoch(&mut self, epoch: u32) {
+    /// Starts `epoch`: the measurement fields restart, the flow's timing continues. With
+    /// adaptive δ, the new epoch's δ lies midway across the break found in the finished epoch's
+    /// modes (every gap ends a batch if there is none); epochs of few gaps leave it as it is.
+    pub fn start_epoch(&mut self, epoch: u32, p: &Params) {
+        if p.has(FLAG_ADAPTIVE_DELTA) {
+            let m = &self.modes;
+            let kept = batch_break::kept::<_, M>(m, p.idle_floor_ns);
+            if batch_break::gaps::<_, M>(m, kept) >= MIN_GAPS_FOR_BREAK {
+                self.batch_gap_ns = match batch_break::find::<_, M>(m, kept, &p.rules) {
+                    Some(b) => (b.lower_max_ns + b.upper_min_ns) / 2,
+                    None => 1,
+                };
+            }
+        }
         self.epoch = epoch;
         self.samples_sum_ns = 0;
         self.samples = 0;

@@ -5,6 +5,7 @@
 //! path can then be checked against each other packet for packet.
 #![cfg_attr(not(test), no_std)]
 
+pub mod batch_break;
 pub mod config;
 pub mod counters;
 pub mod flow;
@@ -26,7 +27,7 @@ mod pod {
     unsafe impl aya::Pod for FlowState<W> {}
     unsafe impl aya::Pod for EpochRecord<C> {}
     unsafe impl aya::Pod for EpochRecord<W> {}
-    const _: () = assert!(size_of::<FlowKey>() == 40 && size_of::<Params>() == 32);
-    const _: () = assert!(size_of::<FlowState<C>>() == 40 + 20 * C + 8);
-    const _: () = assert!(size_of::<FlowState<W>>() == 40 + 20 * W + 8);
+    const _: () = assert!(size_of::<FlowKey>() == 40 && size_of::<Params>() == 48);
+    const _: () = assert!(size_of::<FlowState<C>>() == 48 + 20 * C + 8);
+    const _: () = assert!(size_of::<FlowState<W>>() == 48 + 20 * W + 8);
 }

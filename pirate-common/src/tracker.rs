@@ -1,8 +1,8 @@
-//! The per-packet step of a flow: Alg. 1 (fixed-threshold causal pairs) and Alg. 2 (gap modes),
+//! The per-packet step of a flow: Alg. 1 (threshold causal pairs) and Alg. 2 (gap modes),
 //! with the §3.4 heuristics. The XDP program and the replay both call [`on_packet`].
 
 use crate::{
-    config::{Params, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
+    config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
     flow::FlowState,
     modes::Placed,
 };
@@ -52,7 +52,12 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     st.last_pkt_ns = now;
 
     // Alg. 1: a gap above δ ends the batch; the time since the previous batch start is a sample.
-    if gap_ns > p.delta_ns {
+    let ends_batch = if st.batch_gap_ns != 0 && p.has(FLAG_ADAPTIVE_DELTA) {
+        gap_ns >= st.batch_gap_ns
+    } else {
+        gap_ns > p.delta_ns
+    };
+    if ends_batch {
         let sample = now - st.last_batch_ns;
         st.last_batch_ns = now;
         if sample < p.idle_floor_ns {

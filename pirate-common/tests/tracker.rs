@@ -5,7 +5,8 @@
 //! Expected values are computed from the timestamps and payloads the tests feed in.
 
 use pirate_common::{
-    config::{Params, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
+    batch_break::BreakRules,
+    config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
     flow::FlowState,
     modes::{Modes, Placed, SUM_SHIFT},
     tracker::{on_packet, PacketInfo, Step},
@@ -28,7 +29,15 @@ const BOTH: u32 = FLAG_SKIP_PURE_ACKS | FLAG_MARK_AFTER_SHORT;
 const REL_5PCT: u32 = (1 << 20) / 20;
 
 fn params(flags: u32) -> Params {
-    Params { delta_ns: MS, idle_floor_ns: 1_000 * MS, epsilon_ns: 50_000, epsilon_rel_q20: 0, max_modes: 10, flags }
+    Params {
+        delta_ns: MS,
+        idle_floor_ns: 1_000 * MS,
+        epsilon_ns: 50_000,
+        epsilon_rel_q20: 0,
+        max_modes: 10,
+        flags,
+        rules: BreakRules { intra_batch_max_ns: 2 * MS, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
+    }
 }
 
 fn data(payload: u16) -> PacketInfo {
@@ -365,7 +374,7 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
     assert_eq!(st.packets, 5);
     let before = st;
 
-    st.start_epoch(2);
+    st.start_epoch(2, &p);
     assert_eq!(st.epoch, 2);
     assert_eq!((st.samples, st.samples_sum_ns, st.packets), (0, 0, 0));
     assert_eq!(st.modes, Modes::new());
@@ -389,6 +398,53 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
     on_packet(&mut st, t + 4 * MS, data(MSS), &p);
     assert_eq!(st.modes.candidates[..st.modes.len as usize].iter().sum::<u32>(), 2);
     assert_eq!(st.max_payload, MSS);
+}
+
+/// Batches of three requests 1.5 ms apart, 10 ms between batches, from `t`: returns the time
+/// after the last batch.
+fn paced_batches(st: &mut St, p: &Params, mut t: u64, batches: usize) -> u64 {
+    for _ in 0..batches {
+        for k in 0..3 {
+            on_packet(st, t + k * 1_500 * US, data(100), p);
+        }
+        t += 13 * MS;
+    }
+    t
+}
+
+#[test]
+fn adaptive_delta_takes_the_break_of_the_previous_epoch() {
+    // Pacing longer than the fixed δ (1 ms): Alg. 1 then counts every request as a batch.
+    let fixed = params(0);
+    let mut st = St::new(1);
+    paced_batches(&mut st, &fixed, T0, 10);
+    assert_eq!(st.samples, 29);
+
+    // Adaptive: the first epoch runs on the fixed δ, the next one across the break found in it,
+    // midway between the pacing mode's maximum (1.5 ms) and the batch gaps' minimum (10 ms).
+    let p = params(FLAG_ADAPTIVE_DELTA);
+    let mut st = St::new(1);
+    let t = paced_batches(&mut st, &p, T0, 10);
+    assert_eq!((st.samples, st.batch_gap_ns), (29, 0));
+    st.start_epoch(2, &p);
+    assert_eq!(st.batch_gap_ns, (1_500 * US + 10 * MS) / 2);
+    paced_batches(&mut st, &p, t, 10);
+    // The first sample runs from where the fixed δ put the last batch start: its third request.
+    assert_eq!((st.samples, st.samples_sum_ns), (10, 9 * 13 * MS + 10 * MS));
+
+    // One request in flight (no break): every gap starts a batch.
+    st.start_epoch(3, &p);
+    let mut t = T0 + 1_000 * MS;
+    for i in 0..20u64 {
+        t += (5 + i % 3) * MS;
+        on_packet(&mut st, t, data(100), &p);
+    }
+    st.start_epoch(4, &p);
+    assert_eq!(st.batch_gap_ns, 1);
+    // An epoch of fewer than 8 gaps leaves δ as it is.
+    on_packet(&mut st, t + 5 * MS, data(100), &p);
+    st.start_epoch(5, &p);
+    assert_eq!(st.batch_gap_ns, 1);
 }
 
 #[test]

@@ -112,7 +112,7 @@ fn measure<const M: usize>(ctx: &XdpContext, flows: &LruHashMap<FlowKey, FlowSta
         if st.hand_over_due(epoch) {
             hand_over(&key, st);
         }
-        st.start_epoch(epoch);
+        st.start_epoch(epoch, params);
     }
     let outcome = match on_packet(st, now, info, params) {
         pirate_common::tracker::Step::SkippedPureAck => counters::PURE_ACK,

@@ -4,6 +4,7 @@
 use std::{fmt, net::SocketAddr, path::Path, str::FromStr, time::Duration};
 
 use anyhow::{bail, Context};
+use pirate_common::batch_break::BreakRules;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -27,14 +28,14 @@ pub struct PirateConfig {
     pub modes: u32,
     pub epsilon: Dur,
     pub epsilon_relative: f64,
-    pub delta: Dur,
+    pub delta: AutoOr,
     pub idle_floor: Dur,
     pub min_mode_share: f64,
     pub min_time_share: f64,
     pub min_ibg_gaps: u64,
     pub intra_batch_max: Dur,
     pub min_break_ratio: f64,
-    pub batch_gap: BatchGap,
+    pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
 }
@@ -77,14 +78,14 @@ impl Default for PirateConfig {
             modes: 10,
             epsilon: Dur(Duration::from_micros(100)),
             epsilon_relative: 0.05,
-            delta: Dur(Duration::from_micros(500)),
+            delta: AutoOr::Auto,
             idle_floor: Dur(Duration::from_millis(200)),
             min_mode_share: 0.02,
             min_time_share: 0.1,
             min_ibg_gaps: 2,
             intra_batch_max: Dur(Duration::from_millis(2)),
             min_break_ratio: 3.0,
-            batch_gap: BatchGap::Auto,
+            batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             mark_after_short: true,
         }
@@ -128,8 +129,10 @@ impl Config {
         if self.max_flows == 0 || self.max_flows > 1 << 24 {
             bail!("max_flows = {}: must be 1..=16777216", self.max_flows);
         }
-        if p.idle_floor.0 <= p.delta.0 {
-            bail!("pirate.idle_floor ({}) must be above pirate.delta ({})", p.idle_floor, p.delta);
+        if let AutoOr::Fixed(delta) = p.delta {
+            if p.idle_floor.0 <= delta.0 {
+                bail!("pirate.idle_floor ({}) must be above pirate.delta ({delta})", p.idle_floor);
+            }
         }
         if p.idle_floor.0 > Duration::from_secs(4) {
             bail!("pirate.idle_floor = {}: gaps are kept up to 4.29s, so at most 4s", p.idle_floor);
@@ -146,7 +149,7 @@ impl Config {
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             bail!("pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})", p.intra_batch_max, p.idle_floor);
         }
-        if let BatchGap::Fixed(gap) = p.batch_gap {
+        if let AutoOr::Fixed(gap) = p.batch_gap {
             if gap.0.is_zero() || gap.0 >= p.idle_floor.0 {
                 bail!(
                     "pirate.batch_gap = {gap}: must be \"auto\" or a duration above 0 and below pirate.idle_floor ({})",
@@ -165,6 +168,16 @@ impl Config {
         Ok(())
     }
 
+    /// The break between intra- and inter-batch gaps, for the estimator and the datapath alike.
+    fn break_rules(&self) -> BreakRules {
+        let p = &self.pirate;
+        BreakRules {
+            intra_batch_max_ns: p.intra_batch_max.as_nanos(),
+            min_ratio_q10: (p.min_break_ratio * 1024.0).round() as u32,
+            min_share_q20: (p.min_mode_share * (1u64 << 20) as f64).round() as u32,
+        }
+    }
+
     /// Both estimators' settings.
     pub fn estimation(&self) -> crate::estimate::Settings {
         let p = &self.pirate;
@@ -178,12 +191,10 @@ impl Config {
             },
             batches: crate::estimate::batches::Break {
                 idle_floor_ns: p.idle_floor.as_nanos(),
-                intra_batch_max_ns: p.intra_batch_max.as_nanos(),
-                min_ratio: p.min_break_ratio,
-                min_mode_share: p.min_mode_share,
+                rules: self.break_rules(),
                 fixed_ns: match p.batch_gap {
-                    BatchGap::Auto => None,
-                    BatchGap::Fixed(gap) => Some(gap.as_nanos()),
+                    AutoOr::Auto => None,
+                    AutoOr::Fixed(gap) => Some(gap.as_nanos()),
                 },
             },
         }
@@ -191,7 +202,7 @@ impl Config {
 
     /// The datapath's view of the configuration.
     pub fn params(&self) -> pirate_common::config::Params {
-        use pirate_common::config::{Params, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS};
+        use pirate_common::config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS};
         let p = &self.pirate;
         let mut flags = 0;
         if p.skip_pure_acks {
@@ -200,16 +211,28 @@ impl Config {
         if p.mark_after_short {
             flags |= FLAG_MARK_AFTER_SHORT;
         }
+        let delta_ns = match p.delta {
+            AutoOr::Auto => {
+                flags |= FLAG_ADAPTIVE_DELTA;
+                FIRST_EPOCH_DELTA.as_nanos() as u64
+            }
+            AutoOr::Fixed(delta) => delta.as_nanos(),
+        };
         Params {
-            delta_ns: p.delta.as_nanos(),
+            delta_ns,
             idle_floor_ns: p.idle_floor.as_nanos(),
             epsilon_ns: p.epsilon.as_nanos() as u32,
             epsilon_rel_q20: (p.epsilon_relative * (1u64 << 20) as f64).round() as u32,
             max_modes: p.modes,
             flags,
+            rules: self.break_rules(),
         }
     }
 }
+
+/// With `delta = "auto"`, Alg. 1's δ in a flow's first epoch (the paper's choice), before its
+/// own break is known.
+const FIRST_EPOCH_DELTA: Duration = Duration::from_micros(500);
 
 /// A duration written like `1s`, `250ms`, `50us` or `800ns` (TOML has no duration type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -254,30 +277,36 @@ impl fmt::Display for Dur {
     }
 }
 
-/// Where batches end for the batches estimator: at the break found in each flow's modes every
-/// epoch ("auto"), or at every gap of at least a fixed duration.
+/// A threshold derived from the traffic ("auto": the break found in each flow's modes every
+/// epoch) or fixed to a duration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BatchGap {
+pub enum AutoOr {
     Auto,
     Fixed(Dur),
 }
 
-impl<'de> Deserialize<'de> for BatchGap {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        if s == "auto" {
-            return Ok(BatchGap::Auto);
+impl fmt::Display for AutoOr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AutoOr::Auto => f.write_str("auto"),
+            AutoOr::Fixed(d) => d.fmt(f),
         }
-        s.parse().map(BatchGap::Fixed).map_err(|e| de::Error::custom(format!("{e}, or \"auto\"")))
     }
 }
 
-impl Serialize for BatchGap {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            BatchGap::Auto => s.serialize_str("auto"),
-            BatchGap::Fixed(d) => s.collect_str(d),
+impl<'de> Deserialize<'de> for AutoOr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "auto" {
+            return Ok(AutoOr::Auto);
         }
+        s.parse().map(AutoOr::Fixed).map_err(|e| de::Error::custom(format!("{e}, or \"auto\"")))
+    }
+}
+
+impl Serialize for AutoOr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -330,8 +359,8 @@ mod tests {
     #[test]
     fn batch_gap_is_auto_or_a_duration_below_the_floor() {
         let gap = |text: &str| Config::parse(&format!("[pirate]\nbatch_gap = {text}\n")).map(|c| c.pirate.batch_gap);
-        assert_eq!(gap("\"auto\"").unwrap(), BatchGap::Auto);
-        assert_eq!(gap("\"1500us\"").unwrap(), BatchGap::Fixed(Dur(Duration::from_micros(1500))));
+        assert_eq!(gap("\"auto\"").unwrap(), AutoOr::Auto);
+        assert_eq!(gap("\"1500us\"").unwrap(), AutoOr::Fixed(Dur(Duration::from_micros(1500))));
         assert_eq!(
             Config::parse("[pirate]\nbatch_gap = \"3ms\"\n").unwrap().estimation().batches.fixed_ns,
             Some(3_000_000)

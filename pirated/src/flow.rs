@@ -3,7 +3,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use pirate_common::flow::{FlowKey, FlowState, FAMILY_V4};
+use pirate_common::{
+    batch_break::ModeView,
+    flow::{FlowKey, FlowState, FAMILY_V4},
+};
 
 /// One mode of a flow's gap distribution.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -22,6 +25,27 @@ impl Mode {
     }
 }
 
+/// Modes as the shared break finder reads them.
+pub struct ModeSlice<'a>(pub &'a [Mode]);
+
+impl ModeView for ModeSlice<'_> {
+    fn modes(&self) -> usize {
+        self.0.len()
+    }
+    fn count(&self, i: usize) -> u64 {
+        self.0[i].count
+    }
+    fn sum_ns(&self, i: usize) -> u64 {
+        self.0[i].sum_ns
+    }
+    fn min_ns(&self, i: usize) -> u64 {
+        self.0[i].min_ns
+    }
+    fn max_ns(&self, i: usize) -> u64 {
+        self.0[i].max_ns
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct FlowEpoch {
     pub key: FlowKey,
@@ -33,6 +57,8 @@ pub struct FlowEpoch {
     /// Alg. 1 causal-pair samples below the idle floor.
     pub samples: u64,
     pub samples_sum_ns: u64,
+    /// Alg. 1's adaptive δ in this epoch: gaps from this long started a batch (0: the fixed δ).
+    pub batch_gap_ns: u64,
 }
 
 impl FlowEpoch {
@@ -55,6 +81,7 @@ impl FlowEpoch {
             packets: st.packets as u64,
             samples: st.samples as u64,
             samples_sum_ns: st.samples_sum_ns,
+            batch_gap_ns: st.batch_gap_ns,
         }
     }
 

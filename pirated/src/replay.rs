@@ -54,7 +54,7 @@ fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8
         let Ok((key, info)) = parse(frame.as_slice()) else { continue };
         let st = flows.entry(key).or_insert_with(|| FlowState::new(epoch));
         if st.epoch != epoch {
-            st.start_epoch(epoch);
+            st.start_epoch(epoch, params);
         }
         on_packet(st, *ts, info, params);
     }

@@ -79,6 +79,7 @@ impl EpochReport {
                 },
                 samples: f.samples,
                 causal_mean_ns: (f.samples > 0).then(|| f.samples_sum_ns / f.samples),
+                batch_gap_ns: (f.batch_gap_ns > 0).then_some(f.batch_gap_ns),
                 packets: f.packets,
                 modes: f.modes.iter().map(|m| [m.min_ns, m.max_ns, m.count, m.candidates, m.sum_ns]).collect(),
                 discarded: f.discarded,
@@ -175,6 +176,8 @@ struct FlowLine {
     /// Alg. 1 causal-pair samples and their mean.
     samples: u64,
     causal_mean_ns: Option<u64>,
+    /// Alg. 1's adaptive δ this epoch (gaps from this long started a batch); null: the fixed δ.
+    batch_gap_ns: Option<u64>,
     packets: u64,
     /// The flow's modes, ascending: [min_ns, max_ns, count, candidates, sum_ns].
     modes: Vec<[u64; 5]>,

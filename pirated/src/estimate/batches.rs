@@ -6,15 +6,19 @@
 //! Here every gap above the break between intra- and inter-batch gaps ends a batch, so the mean
 //! time between batch starts is the epoch's gap time over the number of such gaps. Intra-batch
 //! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
-//! gaps carry a network round trip and the server's time. The break is the highest ratio of at
-//! least `min_ratio` between adjacent modes whose lower side is still short enough to be a
-//! client's pacing; with no such
-//! break (one request in flight) every gap ends a batch. Modes holding few of the gaps (a late
-//! packet, two reordered ones) are left out when looking for the break, so that they do not
-//! bridge it; their gaps still count on whichever side they fall.
+//! gaps carry a network round trip and the server's time. The break is found in the modes as
+//! `pirate_common::batch_break` says (the datapath's adaptive δ uses the same); with none (one
+//! request in flight) every gap ends a batch. Modes holding few of the gaps (a late packet, two
+//! reordered ones) are not sides of the break, so that they do not bridge it; their gaps still
+//! count on whichever side they fall.
+
+use pirate_common::{
+    batch_break::{self, BreakRules},
+    config::MODES_WIDE,
+};
 
 use super::FlowEstimate;
-use crate::flow::Mode;
+use crate::flow::{Mode, ModeSlice};
 
 /// How far above the longest significant batch-ending gap a rare gap still ends a batch.
 const RARE_REACH: f64 = 1.25;
@@ -23,13 +27,7 @@ const RARE_REACH: f64 = 1.25;
 pub struct Break {
     /// Gaps (modes) at or above this are idle periods or retransmission timeouts: left out.
     pub idle_floor_ns: u64,
-    /// The longest mean gap of a mode that can still be pacing inside a batch.
-    pub intra_batch_max_ns: u64,
-    /// Adjacent modes form a break only if the upper one's mean is at least this many times the
-    /// lower one's.
-    pub min_ratio: f64,
-    /// Modes with less than this share of the epoch's gaps are ignored when looking for the break.
-    pub min_mode_share: f64,
+    pub rules: BreakRules,
     /// A fixed break instead of one found in the modes: gaps from this long end a batch.
     pub fixed_ns: Option<u64>,
 }
@@ -47,7 +45,7 @@ pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     let threshold = break_at(kept, b);
     let first = kept.partition_point(|m| m.min_ns < threshold);
     let total: u64 = kept.iter().map(|m| m.count).sum();
-    let significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
+    let significant = |m: &Mode| b.rules.significant(m.count, total);
     let above = &kept[first..];
     // Without a break there is no time inside batches to retransmit in: a late request is a
     // slow batch.
@@ -64,29 +62,13 @@ pub fn batch_count_mean(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns, ends })
 }
 
-/// The shortest gap that ends a batch: where the highest qualifying break between adjacent
-/// significant modes ends (0: every gap ends a batch). Not the widest: reordering by Δ stretches
-/// some intra-batch gaps from microseconds to ~Δ, a mode whose break from the microseconds can be
-/// wider than its break from the inter-batch gaps (0.18 → 0.83 ms against 1.13 → 4.1 ms with
-/// Δ = 1 ms), and those gaps are still inside batches. Modes are compared by their means, not
-/// their extremes: the extremes drift apart as an epoch collects more gaps (in a 5 s epoch the
-/// same traffic's intra-batch mode reached 1.34 ms and the inter-batch one 4.0 ms, a ratio of
-/// 2.99, while their means stayed 0.34 and 5.4 ms). The first mode above the last significant
-/// one is a side too, so that a few long batches after many short gaps still form a break.
+/// The shortest gap that ends a batch: the configured one, or where the break found in the
+/// modes ends (0: every gap ends a batch).
 fn break_at(kept: &[Mode], b: &Break) -> u64 {
     if let Some(fixed) = b.fixed_ns {
         return fixed;
     }
-    let total: u64 = kept.iter().map(|m| m.count).sum();
-    let is_significant = |m: &Mode| m.count as f64 >= b.min_mode_share * total as f64;
-    let mut significant: Vec<&Mode> = kept.iter().filter(|m| is_significant(m)).collect();
-    if let Some(top) = kept.iter().rposition(is_significant) {
-        significant.extend(kept.get(top + 1));
-    }
-    let ratio = |j: usize| significant[j].mean_ns() / significant[j - 1].mean_ns().max(1.0);
-    (1..significant.len())
-        .rfind(|&j| significant[j - 1].mean_ns() <= b.intra_batch_max_ns as f64 && ratio(j) >= b.min_ratio)
-        .map_or(0, |j| significant[j].min_ns)
+    batch_break::find::<_, MODES_WIDE>(&ModeSlice(kept), kept.len(), &b.rules).map_or(0, |b| b.upper_min_ns)
 }
 
 #[cfg(test)]
@@ -106,9 +88,7 @@ mod tests {
 
     const BREAK: Break = Break {
         idle_floor_ns: 200_000_000,
-        intra_batch_max_ns: 2_000_000,
-        min_ratio: 3.0,
-        min_mode_share: 0.02,
+        rules: BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
         fixed_ns: None,
     };
 
@@ -150,7 +130,7 @@ mod tests {
         assert_eq!(est.batches, 170);
         // Counted as significant, the lone gap leaves no break 3× wide below 6 ms: the highest
         // left is below 1 ms, and the reordered gaps become batches.
-        let all = Break { min_mode_share: 0.0, ..BREAK };
+        let all = Break { rules: BreakRules { min_share_q20: 0, ..BREAK.rules }, ..BREAK };
         assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 206);
     }
 
@@ -195,7 +175,7 @@ mod tests {
         let modes = [mode(300.0, 0.01, 10), mode(3_000.0, 0.01, 10)];
         assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 10);
         // With a 200 µs ceiling on intra-batch gaps they are both responses.
-        let strict = Break { intra_batch_max_ns: 200_000, ..BREAK };
+        let strict = Break { rules: BreakRules { intra_batch_max_ns: 200_000, ..BREAK.rules }, ..BREAK };
         assert_eq!(batch_count_mean(&modes, &strict).unwrap().batches, 20);
         // Modes only 2× apart never form a break.
         let modes = [mode(50.0, 0.01, 10), mode(100.0, 0.01, 10)];

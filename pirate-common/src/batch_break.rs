@@ -1,0 +1,220 @@
+//! The break between a flow's intra-batch gaps (a client's own pacing, µs to about a reordering
+//! delay) and its inter-batch gaps (a round trip plus the server's time), found in its modes.
+//! pirated's batches estimator counts every gap above it as the end of a batch; the datapath's
+//! Alg. 1 takes the break of a flow's previous epoch as its δ, so that δ needs no tuning.
+//!
+//! The break is the highest one between adjacent significant modes (holding at least
+//! `min_share` of the gaps below the idle floor) whose means are at least `min_ratio` apart and
+//! whose lower mean is short enough to be pacing. The highest, not the widest: reordering by Δ
+//! stretches some intra-batch gaps from µs to ~Δ, a mode whose break from the µs ones can be
+//! wider than its break from the inter-batch gaps (0.18 → 0.83 ms against 1.13 → 4.1 ms with
+//! Δ = 1 ms), and those gaps are still inside batches. Means, not extremes: extremes drift apart
+//! as an epoch collects gaps (in a 5 s epoch, 1.34 → 4.0 ms: a ratio of 2.99, while the means
+//! were 0.34 and 5.4 ms). The first mode above the last significant one is a side too, so that a
+//! few long batches after many short gaps still form a break.
+
+use crate::modes::Modes;
+
+/// What makes a break. Integers (fixed point), as the datapath has no floating point.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakRules {
+    /// The longest mean gap of a mode that can still be pacing inside a batch.
+    pub intra_batch_max_ns: u64,
+    /// The upper mode's mean must be at least `min_ratio_q10 / 2^10` times the lower one's.
+    pub min_ratio_q10: u32,
+    /// Modes holding less than `min_share_q20 / 2^20` of the gaps are not sides of a break.
+    pub min_share_q20: u32,
+}
+
+impl BreakRules {
+    /// Whether a mode of `count` gaps out of `total` is significant.
+    #[inline(always)]
+    pub fn significant(&self, count: u64, total: u64) -> bool {
+        (count << 20) >= self.min_share_q20 as u64 * total
+    }
+}
+
+/// Read access to ascending, disjoint modes: the datapath's arrays and pirated's records.
+pub trait ModeView {
+    /// How many modes there are.
+    fn modes(&self) -> usize;
+    fn count(&self, i: usize) -> u64;
+    fn sum_ns(&self, i: usize) -> u64;
+    fn min_ns(&self, i: usize) -> u64;
+    fn max_ns(&self, i: usize) -> u64;
+
+    fn mean_ns(&self, i: usize) -> u64 {
+        self.sum_ns(i).checked_div(self.count(i)).unwrap_or(0)
+    }
+}
+
+impl<const M: usize> ModeView for Modes<M> {
+    fn modes(&self) -> usize {
+        if (self.len as usize) < M {
+            self.len as usize
+        } else {
+            M
+        }
+    }
+    fn count(&self, i: usize) -> u64 {
+        if i < M {
+            self.count[i] as u64
+        } else {
+            0
+        }
+    }
+    fn sum_ns(&self, i: usize) -> u64 {
+        if i < M {
+            self.sum_ns(i)
+        } else {
+            0
+        }
+    }
+    fn min_ns(&self, i: usize) -> u64 {
+        if i < M {
+            self.min[i] as u64
+        } else {
+            0
+        }
+    }
+    fn max_ns(&self, i: usize) -> u64 {
+        if i < M {
+            self.max[i] as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// Modes `0..kept` lie below the idle floor (by mean; modes are ascending, so it is a prefix);
+/// `LIMIT` bounds the loop for the verifier.
+pub fn kept<V: ModeView, const LIMIT: usize>(v: &V, idle_floor_ns: u64) -> usize {
+    let len = v.modes();
+    for i in 0..LIMIT {
+        if i >= len || v.mean_ns(i) >= idle_floor_ns {
+            return i;
+        }
+    }
+    len.min(LIMIT)
+}
+
+/// Gaps in modes `0..kept`.
+pub fn gaps<V: ModeView, const LIMIT: usize>(v: &V, kept: usize) -> u64 {
+    let mut total = 0u64;
+    for i in 0..LIMIT {
+        if i >= kept {
+            break;
+        }
+        total += v.count(i);
+    }
+    total
+}
+
+/// Where a break lies: between the lower side's longest gap and the upper side's shortest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Break {
+    pub lower_max_ns: u64,
+    pub upper_min_ns: u64,
+}
+
+/// The break among modes `0..kept`, or `None`: every gap ends a batch. One pass over data-valued
+/// state (no indices), so that the verifier's state pruning keeps the datapath's copy small;
+/// `LIMIT` (≥ the number of modes) bounds the loops.
+pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, r: &BreakRules) -> Option<Break> {
+    let total = gaps::<V, LIMIT>(v, kept);
+    // The last significant mode so far (mean u64::MAX: none yet).
+    let (mut lower_mean, mut lower_max) = (u64::MAX, 0u64);
+    // The highest break between significant modes, and one between the last significant mode
+    // and the rare mode just above it (valid only while no significant mode follows).
+    let (mut found, mut above_top) = (None, None);
+    let mut after_significant = false;
+    for i in 0..LIMIT {
+        if i >= kept {
+            break;
+        }
+        let significant = r.significant(v.count(i), total);
+        if significant || after_significant {
+            let mean = v.mean_ns(i);
+            let qualifies = lower_mean <= r.intra_batch_max_ns && (mean << 10) >= r.min_ratio_q10 as u64 * lower_mean;
+            let here = Break { lower_max_ns: lower_max, upper_min_ns: v.min_ns(i) };
+            if significant {
+                if qualifies {
+                    found = Some(here);
+                }
+                above_top = None;
+                lower_mean = mean;
+                lower_max = v.max_ns(i);
+            } else if qualifies {
+                above_top = Some(here);
+            }
+        }
+        after_significant = significant;
+    }
+    above_top.or(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Modes of (mean µs, count), each 10 % wide.
+    struct Plain(&'static [(u64, u64)]);
+
+    impl ModeView for Plain {
+        fn modes(&self) -> usize {
+            self.0.len()
+        }
+        fn count(&self, i: usize) -> u64 {
+            self.0[i].1
+        }
+        fn sum_ns(&self, i: usize) -> u64 {
+            self.0[i].0 * 1000 * self.0[i].1
+        }
+        fn min_ns(&self, i: usize) -> u64 {
+            self.0[i].0 * 900
+        }
+        fn max_ns(&self, i: usize) -> u64 {
+            self.0[i].0 * 1100
+        }
+    }
+
+    const RULES: BreakRules =
+        BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 };
+
+    /// The break as (lower, upper) mode indices.
+    fn find_in(modes: &'static [(u64, u64)]) -> Option<(usize, usize)> {
+        let v = Plain(modes);
+        let b = find::<_, 16>(&v, kept::<_, 16>(&v, 200_000_000), &RULES)?;
+        let index = |ns: u64| (0..modes.len()).find(|&i| v.max_ns(i) == ns || v.min_ns(i) == ns).unwrap();
+        Some((index(b.lower_max_ns), index(b.upper_min_ns)))
+    }
+
+    #[test]
+    fn the_highest_qualifying_break_wins() {
+        // µs pacing, reorder-stretched ~1 ms gaps, inter-batch gaps at 5 ms.
+        assert_eq!(find_in(&[(38, 84), (979, 29), (5_332, 127)]), Some((1, 2)));
+        // One request in flight at varying service times: no pair 3× apart.
+        assert_eq!(find_in(&[(2_100, 50), (5_100, 30), (10_100, 20), (20_100, 10)]), None);
+        // A lower side too long to be pacing.
+        assert_eq!(find_in(&[(2_500, 50), (9_000, 30)]), None);
+    }
+
+    #[test]
+    fn rare_modes_are_not_sides_except_just_above_the_top() {
+        // A lone 2 ms gap between the pacing and the responses does not bridge the break.
+        assert_eq!(find_in(&[(300, 90), (2_031, 1), (6_000, 170)]), Some((0, 2)));
+        // Few batches after many short gaps: the first mode above the top significant one.
+        assert_eq!(find_in(&[(20, 400), (5_000, 3), (9_000, 1)]), Some((0, 1)));
+        // But not a rare mode above a significant one that is not the top.
+        assert_eq!(find_in(&[(20, 400), (100, 3), (1_500, 100), (2_500, 100)]), Some((0, 2)));
+    }
+
+    #[test]
+    fn idle_modes_are_left_out() {
+        let v = Plain(&[(20, 100), (5_000, 50), (300_000, 5)]);
+        assert_eq!(kept::<_, 16>(&v, 200_000_000), 2);
+        assert_eq!(find_in(&[(300_000, 5)]), None);
+        assert_eq!(find_in(&[]), None);
+    }
+}

@@ -7,6 +7,9 @@ pub const FLAG_MARK_AFTER_SHORT: u32 = 1 << 1;
 /// Alg. 1's δ adapts per flow: each epoch takes the break found in the flow's previous epoch
 /// (`delta_ns` is then only the first epoch's δ).
 pub const FLAG_ADAPTIVE_DELTA: u32 = 1 << 2;
+/// For TCP, mark a gap as an inter-batch-gap candidate when the client's acknowledgement number
+/// advanced across it (server data arrived), instead of by the short-packet heuristic.
+pub const FLAG_MARK_ACKED: u32 = 1 << 3;
 
 /// A flow's δ adapts only from epochs with at least this many gaps: fewer say little.
 pub const MIN_GAPS_FOR_BREAK: u64 = 8;

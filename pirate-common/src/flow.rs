@@ -40,7 +40,9 @@ pub struct FlowState<const M: usize> {
     pub samples_sum_ns: u64,
     /// Adaptive δ: gaps from this long start a new batch in this epoch (0: not derived yet, the
     /// configured δ applies).
-    pub batch_gap_ns: u64,
+    pub batch_gap_ns: u32,
+    /// The highest acknowledgement number the client has sent in the gap stream (TCP; 0: none).
+    pub last_ack: u32,
     pub samples: u32,
     /// The epoch the measurement fields belong to.
     pub epoch: u32,
@@ -62,6 +64,7 @@ impl<const M: usize> FlowState<M> {
             last_batch_ns: 0,
             samples_sum_ns: 0,
             batch_gap_ns: 0,
+            last_ack: 0,
             samples: 0,
             epoch,
             packets: 0,
@@ -88,7 +91,8 @@ impl<const M: usize> FlowState<M> {
             let kept = batch_break::kept::<_, M>(m, p.idle_floor_ns);
             if batch_break::gaps::<_, M>(m, kept) >= MIN_GAPS_FOR_BREAK {
                 self.batch_gap_ns = match batch_break::find::<_, M>(m, kept, &p.rules) {
-                    Some(b) => (b.lower_max_ns + b.upper_min_ns) / 2,
+                    // Mode bounds are u32 gaps: so is their midpoint.
+                    Some(b) => ((b.lower_max_ns + b.upper_min_ns) / 2) as u32,
                     None => 1,
                 };
             }

@@ -38,8 +38,8 @@ const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
 const MAX_VLAN_TAGS: usize = 2;
 const MAX_V6_EXT_HEADERS: usize = 6;
 
@@ -151,6 +151,7 @@ fn ipv6<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usiz
 #[inline(always)]
 fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
     let ports: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
+    let ack: [u8; 4] = f.read(off + 8).ok_or(Reject::Malformed)?;
     let doff_flags: [u8; 2] = f.read(off + 12).ok_or(Reject::Malformed)?;
     let hdr = ((doff_flags[0] >> 4) as usize) * 4;
     if hdr < 20 || hdr > seg_len {
@@ -163,7 +164,8 @@ fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     let payload = seg_len - hdr;
     let flags = doff_flags[1];
     let pure_ack = payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
-    Ok(PacketInfo { payload: clamp16(payload), pure_ack })
+    let ack = (flags & TCP_ACK != 0).then_some(u32::from_be_bytes(ack));
+    Ok(PacketInfo { payload: clamp16(payload), pure_ack, ack })
 }
 
 #[inline(always)]
@@ -174,7 +176,7 @@ fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     }
     key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
     key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
-    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false })
+    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false, ack: None })
 }
 
 #[inline(always)]

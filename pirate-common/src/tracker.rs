@@ -1,8 +1,12 @@
 //! The per-packet step of a flow: Alg. 1 (threshold causal pairs) and Alg. 2 (gap modes),
-//! with the §3.4 heuristics. The XDP program and the replay both call [`on_packet`].
+//! with the §3.4 heuristics and the acknowledgement mark. The XDP program and the replay both
+//! call [`on_packet`].
 
 use crate::{
-    config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
+    config::{
+        Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS,
+        MIN_FULL_PAYLOAD,
+    },
     flow::FlowState,
     modes::Placed,
 };
@@ -14,6 +18,9 @@ pub struct PacketInfo {
     pub payload: u16,
     /// A TCP segment with ACK set, no payload and none of SYN, FIN, RST.
     pub pure_ack: bool,
+    /// A TCP segment's acknowledgement number (ACK set): how much of the server's data the
+    /// client had received when it sent this.
+    pub ack: Option<u32>,
 }
 
 /// What one packet did to its flow.
@@ -41,6 +48,24 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     let short = pkt.payload < st.max_payload || st.max_payload < MIN_FULL_PAYLOAD;
     let after_short = st.prev_short != 0 || !p.has(FLAG_MARK_AFTER_SHORT);
     st.prev_short = short as u8;
+    // The gap before a TCP segment whose acknowledgement number advanced held the arrival of
+    // server data: a response, so the gap ends a batch. Reordered segments (an older ack) and
+    // the client's pacing within a batch (the same ack) do not.
+    let acked = match pkt.ack {
+        Some(ack) if p.has(FLAG_MARK_ACKED) => {
+            // 0: none seen yet (an acknowledgement number of 0 itself marks one gap too many).
+            let advanced = st.last_ack == 0 || (ack.wrapping_sub(st.last_ack) as i32) > 0;
+            if advanced {
+                st.last_ack = ack;
+            }
+            Some(advanced)
+        }
+        _ => None,
+    };
+    let candidate = match acked {
+        Some(advanced) => advanced,
+        None => after_short,
+    };
 
     if st.started == 0 || now < st.last_pkt_ns {
         st.started = 1;
@@ -53,7 +78,7 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
 
     // Alg. 1: a gap above δ ends the batch; the time since the previous batch start is a sample.
     let ends_batch = if st.batch_gap_ns != 0 && p.has(FLAG_ADAPTIVE_DELTA) {
-        gap_ns >= st.batch_gap_ns
+        gap_ns >= st.batch_gap_ns as u64
     } else {
         gap_ns > p.delta_ns
     };
@@ -68,6 +93,6 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
 
     // Alg. 2 on the gap.
     let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
-    let placed = st.modes.insert(g, after_short, p.epsilon(), p.max_modes);
+    let placed = st.modes.insert(g, candidate, p.epsilon(), p.max_modes);
     Step::Gap { gap_ns, placed }
 }

@@ -6,7 +6,10 @@
 
 use pirate_common::{
     batch_break::BreakRules,
-    config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS, MIN_FULL_PAYLOAD},
+    config::{
+        Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS,
+        MIN_FULL_PAYLOAD,
+    },
     flow::FlowState,
     modes::{Modes, Placed, SUM_SHIFT},
     tracker::{on_packet, PacketInfo, Step},
@@ -41,10 +44,10 @@ fn params(flags: u32) -> Params {
 }
 
 fn data(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false }
+    PacketInfo { payload, pure_ack: false, ack: None }
 }
 
-const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true };
+const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None };
 
 /// A gap as the modes store it: rounded to 2^SUM_SHIFT ns.
 fn rounded(g: u64) -> u64 {
@@ -400,6 +403,49 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
     assert_eq!(st.max_payload, MSS);
 }
 
+/// A request with acknowledgement number `ack`.
+fn acked(ack: u32) -> PacketInfo {
+    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack) }
+}
+
+#[test]
+fn gaps_across_which_the_ack_advanced_are_the_candidates() {
+    let p = params(FLAG_MARK_ACKED | FLAG_SKIP_PURE_ACKS);
+    let mut st = St::new(1);
+    // Near the wrap of the sequence space, to check that comparisons are modular.
+    let a = u32::MAX - 1_000;
+    let pkts = [
+        (T0, acked(a)),
+        // Three pipelined requests: no response in between, the same ack.
+        (T0 + 20 * US, acked(a)),
+        (T0 + 40 * US, acked(a)),
+        // The responses arrive (a pure ACK for them is left out), then the next batch.
+        (T0 + 5 * MS, PacketInfo { ack: Some(a.wrapping_add(3_000)), ..PURE_ACK }),
+        (T0 + 5 * MS + 30 * US, acked(a.wrapping_add(3_000))),
+        // A segment overtaken on the way: an older ack is not a response.
+        (T0 + 5 * MS + 600 * US, acked(a.wrapping_add(1_000))),
+        (T0 + 11 * MS, acked(a.wrapping_add(6_000))),
+    ];
+    feed(&mut st, &p, &pkts);
+    assert_eq!(st.last_ack, a.wrapping_add(6_000));
+    // The first ack is taken as it is, whatever its half of the sequence space.
+    for first in [1u32, 1 << 31, u32::MAX] {
+        let mut st = St::new(1);
+        feed(&mut st, &p, &[(T0, acked(first)), (T0 + MS, acked(first.wrapping_add(10)))]);
+        assert_eq!((st.last_ack, st.modes.candidates[0]), (first.wrapping_add(10), 1), "first ack {first}");
+    }
+    // Gaps: 20 µs, 20 µs, 4.99 ms (ack advanced), 570 µs (older ack), 5.4 ms (advanced).
+    let marked: Vec<(u32, u32)> =
+        (0..st.modes.len as usize).map(|i| (st.modes.min[i], st.modes.candidates[i])).collect();
+    assert_eq!(marked, vec![(20_000, 0), (570_000, 0), (4_990_000, 1), (5_400_000, 1)]);
+
+    // UDP carries no ack: the short-packet mark applies (every gap follows a short datagram).
+    let p = params(FLAG_MARK_ACKED | FLAG_MARK_AFTER_SHORT);
+    let mut st = St::new(1);
+    feed(&mut st, &p, &[(T0, data(100)), (T0 + MS, data(100)), (T0 + 2 * MS, data(100))]);
+    assert_eq!(st.modes.candidates[0], 2);
+}
+
 /// Batches of three requests 1.5 ms apart, 10 ms between batches, from `t`: returns the time
 /// after the last batch.
 fn paced_batches(st: &mut St, p: &Params, mut t: u64, batches: usize) -> u64 {
@@ -427,7 +473,7 @@ fn adaptive_delta_takes_the_break_of_the_previous_epoch() {
     let t = paced_batches(&mut st, &p, T0, 10);
     assert_eq!((st.samples, st.batch_gap_ns), (29, 0));
     st.start_epoch(2, &p);
-    assert_eq!(st.batch_gap_ns, (1_500 * US + 10 * MS) / 2);
+    assert_eq!(st.batch_gap_ns as u64, (1_500 * US + 10 * MS) / 2);
     paced_batches(&mut st, &p, t, 10);
     // The first sample runs from where the fixed δ put the last batch start: its third request.
     assert_eq!((st.samples, st.samples_sum_ns), (10, 9 * 13 * MS + 10 * MS));
@@ -723,7 +769,7 @@ proptest! {
         let (mut entered, mut gaps, mut cands, mut samples, mut sum) = (0u32, 0u64, 0u64, 0u32, 0u64);
         for &(dt, payload, ack) in &pkts {
             t = t.saturating_add_signed(dt);
-            let pkt = PacketInfo { payload, pure_ack: ack && payload == 0 };
+            let pkt = PacketInfo { payload, pure_ack: ack && payload == 0, ack: None };
             let step = on_packet(&mut st, t, pkt, &p);
             if pkt.pure_ack && flags & FLAG_SKIP_PURE_ACKS != 0 {
                 prop_assert_eq!(step, Step::SkippedPureAck);

@@ -38,6 +38,7 @@ pub struct PirateConfig {
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
+    pub mark_acked: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -88,6 +89,7 @@ impl Default for PirateConfig {
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             mark_after_short: true,
+            mark_acked: false,
         }
     }
 }
@@ -197,12 +199,15 @@ impl Config {
                     AutoOr::Fixed(gap) => Some(gap.as_nanos()),
                 },
             },
+            acked_marks: p.mark_acked,
         }
     }
 
     /// The datapath's view of the configuration.
     pub fn params(&self) -> pirate_common::config::Params {
-        use pirate_common::config::{Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS};
+        use pirate_common::config::{
+            Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
+        };
         let p = &self.pirate;
         let mut flags = 0;
         if p.skip_pure_acks {
@@ -210,6 +215,9 @@ impl Config {
         }
         if p.mark_after_short {
             flags |= FLAG_MARK_AFTER_SHORT;
+        }
+        if p.mark_acked {
+            flags |= FLAG_MARK_ACKED;
         }
         let delta_ns = match p.delta {
             AutoOr::Auto => {

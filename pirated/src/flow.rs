@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use pirate_common::{
     batch_break::ModeView,
     flow::{FlowKey, FlowState, FAMILY_V4},
+    parse::{IPPROTO_TCP, IPPROTO_UDP},
 };
 
 /// One mode of a flow's gap distribution.
@@ -81,7 +82,7 @@ impl FlowEpoch {
             packets: st.packets as u64,
             samples: st.samples as u64,
             samples_sum_ns: st.samples_sum_ns,
-            batch_gap_ns: st.batch_gap_ns,
+            batch_gap_ns: st.batch_gap_ns as u64,
         }
     }
 
@@ -104,8 +105,8 @@ pub fn server(key: &FlowKey) -> SocketAddr {
 
 pub fn proto_name(key: &FlowKey) -> &'static str {
     match key.proto {
-        6 => "tcp",
-        17 => "udp",
+        IPPROTO_TCP => "tcp",
+        IPPROTO_UDP => "udp",
         _ => "other",
     }
 }

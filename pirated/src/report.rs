@@ -43,7 +43,7 @@ impl EpochReport {
         let flows: Vec<FlowResult> = flows
             .into_iter()
             .map(|flow| {
-                let (paper, batches) = settings.both(&flow.modes);
+                let (paper, batches) = settings.both(&flow);
                 FlowResult { flow, paper, batches }
             })
             .collect();

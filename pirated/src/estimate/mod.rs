@@ -5,11 +5,13 @@ pub mod batches;
 pub mod pirate;
 pub mod quantile;
 
-use std::{collections::BTreeMap, net::SocketAddr, ops::Range};
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::flow::{server, FlowEpoch, Mode};
+use crate::flow::{server, FlowEpoch};
+use batches::Ends;
+use pirate_common::parse::IPPROTO_TCP;
 use quantile::{quantiles, spans, Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
@@ -30,12 +32,19 @@ pub enum Estimator {
 pub struct Settings {
     pub paper: pirate::Denoise,
     pub batches: batches::Break,
+    /// TCP gaps are marked by the client's acknowledgement number (`FLAG_MARK_ACKED`): a marked
+    /// gap held a response, so it ends a batch.
+    pub acked_marks: bool,
 }
 
 impl Settings {
-    /// Both estimates of one flow's modes: (paper, batches).
-    pub fn both(&self, modes: &[Mode]) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
-        (pirate::proportional_mode_sum(modes, &self.paper), batches::batch_count_mean(modes, &self.batches))
+    /// Both estimates of one flow's epoch: (paper, batches).
+    pub fn both(&self, flow: &FlowEpoch) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
+        let ends = if self.acked_marks && flow.key.proto == IPPROTO_TCP { Ends::Marked } else { Ends::Break };
+        (
+            pirate::proportional_mode_sum(&flow.modes, &self.paper),
+            batches::batch_count_mean(&flow.modes, &self.batches, ends),
+        )
     }
 }
 
@@ -46,8 +55,8 @@ pub struct FlowEstimate {
     pub batches: u64,
     /// Total time of the gaps counted (estimate = kept / batches).
     pub kept_ns: u64,
-    /// The modes whose gaps end a batch (indices into the flow's modes).
-    pub ends: Range<usize>,
+    /// Where the batch-ending gaps are: (index into the flow's modes, how many of its gaps).
+    pub ends: Vec<(usize, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -52,7 +52,7 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
                 estimate_ns,
                 batches,
                 kept_ns,
-                ends: ibg..ibg + 1,
+                ends: vec![(ibg, batches)],
             })
         })
     };

@@ -41,15 +41,18 @@ pub struct Quantile {
 }
 
 /// Where one flow's batch-to-batch times lie, from the modes `est` took as batch ends.
-pub fn spans<'a>(modes: &'a [Mode], est: &FlowEstimate) -> impl Iterator<Item = Span> + 'a {
-    let ends = &modes[est.ends.clone()];
-    let ends_ns: u64 = ends.iter().map(|m| m.sum_ns).sum();
-    let inside = est.kept_ns.saturating_sub(ends_ns) as f64 / est.batches.max(1) as f64;
-    ends.iter().map(move |m| Span {
-        lo_ns: m.min_ns as f64 + inside,
-        hi_ns: m.max_ns as f64 + inside,
-        mean_ns: m.mean_ns().clamp(m.min_ns as f64, m.max_ns as f64) + inside,
-        count: m.count,
+pub fn spans<'a>(modes: &'a [Mode], est: &'a FlowEstimate) -> impl Iterator<Item = Span> + 'a {
+    // A mode only some of whose gaps end batches: those are taken to lie as its gaps do.
+    let ends_ns: f64 = est.ends.iter().map(|&(i, n)| modes[i].mean_ns() * n as f64).sum();
+    let inside = (est.kept_ns as f64 - ends_ns).max(0.0) / est.batches.max(1) as f64;
+    est.ends.iter().map(move |&(i, count)| {
+        let m = &modes[i];
+        Span {
+            lo_ns: m.min_ns as f64 + inside,
+            hi_ns: m.max_ns as f64 + inside,
+            mean_ns: m.mean_ns().clamp(m.min_ns as f64, m.max_ns as f64) + inside,
+            count,
+        }
     })
 }
 
@@ -277,7 +280,7 @@ mod tests {
             Mode { min_ns: 10_000, max_ns: 10_000, count: 8, candidates: 0, sum_ns: 80_000 },
             Mode { min_ns: 1_000_000, max_ns: 1_000_000, count: 2, candidates: 2, sum_ns: 2_000_000 },
         ];
-        let est = FlowEstimate { estimate_ns: 1_040_000.0, batches: 2, kept_ns: 2_080_000, ends: 1..2 };
+        let est = FlowEstimate { estimate_ns: 1_040_000.0, batches: 2, kept_ns: 2_080_000, ends: vec![(1, 2)] };
         let s: Vec<Span> = spans(&modes, &est).collect();
         assert_eq!(s, [span(1_040_000.0, 1_040_000.0, 1_040_000.0, 2)]);
     }

@@ -66,7 +66,7 @@ impl<const M: usize> ModeView for Modes<M> {
     }
     fn sum_ns(&self, i: usize) -> u64 {
         if i < M {
-            self.sum_ns(i)
+            Modes::sum_ns(self, i)
         } else {
             0
         }

@@ -9,6 +9,10 @@ use crate::{
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
+/// `FlowState::status` bits.
+pub const STARTED: u8 = 1;
+pub const ACK_SEEN: u8 = 2;
+
 /// Direction-aware 5-tuple: client→server and server→client are different flows.
 /// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero.
 #[repr(C)]
@@ -32,7 +36,7 @@ pub struct FlowKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowState<const M: usize> {
-    /// Arrival of the last packet in the gap stream (valid once `started`).
+    /// Arrival of the last packet in the gap stream (valid once `STARTED`).
     pub last_pkt_ns: u64,
     /// Alg. 1: arrival of the first packet of the current batch.
     pub last_batch_ns: u64,
@@ -41,7 +45,7 @@ pub struct FlowState<const M: usize> {
     /// Adaptive δ: gaps from this long start a new batch in this epoch (0: not derived yet, the
     /// configured δ applies).
     pub batch_gap_ns: u32,
-    /// The highest acknowledgement number the client has sent in the gap stream (TCP; 0: none).
+    /// The highest acknowledgement number the client has sent in the gap stream (TCP).
     pub last_ack: u32,
     pub samples: u32,
     /// The epoch the measurement fields belong to.
@@ -52,8 +56,9 @@ pub struct FlowState<const M: usize> {
     pub max_payload: u16,
     /// Whether the last packet in the gap stream was shorter than full size.
     pub prev_short: u8,
-    /// Whether a packet has entered the gap stream (0 is a valid timestamp in replay).
-    pub started: u8,
+    /// `STARTED`: a packet has entered the gap stream (0 is a valid timestamp in replay);
+    /// `ACK_SEEN`: `last_ack` holds an acknowledgement number (any value, 0 included).
+    pub status: u8,
     pub modes: Modes<M>,
 }
 
@@ -70,7 +75,7 @@ impl<const M: usize> FlowState<M> {
             packets: 0,
             max_payload: 0,
             prev_short: 0,
-            started: 0,
+            status: 0,
             modes: Modes::new(),
         }
     }

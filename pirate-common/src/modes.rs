@@ -12,7 +12,8 @@ pub struct Modes<const M: usize> {
     pub min: [u32; M],
     pub max: [u32; M],
     pub count: [u32; M],
-    /// Gaps in the mode that followed a non-full-size packet (inter-batch-gap candidates).
+    /// Marked gaps in the mode (inter-batch-gap candidates): after a non-full-size packet, or
+    /// across which a TCP client's acknowledgement number advanced (`FLAG_MARK_ACKED`).
     pub candidates: [u32; M],
     /// Sum of the gaps, in 2^SUM_SHIFT ns units.
     pub sum: [u32; M],

@@ -7,7 +7,7 @@ use crate::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS,
         MIN_FULL_PAYLOAD,
     },
-    flow::FlowState,
+    flow::{FlowState, ACK_SEEN, STARTED},
     modes::Placed,
 };
 
@@ -50,13 +50,16 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     st.prev_short = short as u8;
     // The gap before a TCP segment whose acknowledgement number advanced held the arrival of
     // server data: a response, so the gap ends a batch. Reordered segments (an older ack) and
-    // the client's pacing within a batch (the same ack) do not.
+    // the client's pacing within a batch (the same ack) do not. Pure ACKs (when they are in the
+    // gap stream at all) acknowledge the segments of a response as they arrive: they neither
+    // mark nor move the reference, so the next request still sees the whole response.
     let acked = match pkt.ack {
+        Some(_) if p.has(FLAG_MARK_ACKED) && pkt.pure_ack => Some(false),
         Some(ack) if p.has(FLAG_MARK_ACKED) => {
-            // 0: none seen yet (an acknowledgement number of 0 itself marks one gap too many).
-            let advanced = st.last_ack == 0 || (ack.wrapping_sub(st.last_ack) as i32) > 0;
+            let advanced = st.status & ACK_SEEN == 0 || (ack.wrapping_sub(st.last_ack) as i32) > 0;
             if advanced {
                 st.last_ack = ack;
+                st.status |= ACK_SEEN;
             }
             Some(advanced)
         }
@@ -67,8 +70,8 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
         None => after_short,
     };
 
-    if st.started == 0 || now < st.last_pkt_ns {
-        st.started = 1;
+    if st.status & STARTED == 0 || now < st.last_pkt_ns {
+        st.status |= STARTED;
         st.last_pkt_ns = now;
         st.last_batch_ns = now;
         return Step::First;
@@ -76,7 +79,8 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     let gap_ns = now - st.last_pkt_ns;
     st.last_pkt_ns = now;
 
-    // Alg. 1: a gap above δ ends the batch; the time since the previous batch start is a sample.
+    // Alg. 1: a gap above δ (or from the adaptive δ on) ends the batch; the time since the
+    // previous batch start is a sample.
     let ends_batch = if st.batch_gap_ns != 0 && p.has(FLAG_ADAPTIVE_DELTA) {
         gap_ns >= st.batch_gap_ns as u64
     } else {

@@ -375,9 +375,13 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
     feed(&mut st, &p, &first_epoch);
     assert_eq!((st.samples, st.samples_sum_ns), (1, 3 * MS));
     assert_eq!(st.packets, 5);
+    st.last_ack = 77;
+    st.batch_gap_ns = 5;
     let before = st;
 
     st.start_epoch(2, &p);
+    // The flow's continuity survives (δ too: this epoch had too few gaps to move it).
+    assert_eq!((st.last_ack, st.batch_gap_ns), (77, 5));
     assert_eq!(st.epoch, 2);
     assert_eq!((st.samples, st.samples_sum_ns, st.packets), (0, 0, 0));
     assert_eq!(st.modes, Modes::new());
@@ -428,16 +432,37 @@ fn gaps_across_which_the_ack_advanced_are_the_candidates() {
     ];
     feed(&mut st, &p, &pkts);
     assert_eq!(st.last_ack, a.wrapping_add(6_000));
-    // The first ack is taken as it is, whatever its half of the sequence space.
-    for first in [1u32, 1 << 31, u32::MAX] {
-        let mut st = St::new(1);
-        feed(&mut st, &p, &[(T0, acked(first)), (T0 + MS, acked(first.wrapping_add(10)))]);
-        assert_eq!((st.last_ack, st.modes.candidates[0]), (first.wrapping_add(10), 1), "first ack {first}");
-    }
     // Gaps: 20 µs, 20 µs, 4.99 ms (ack advanced), 570 µs (older ack), 5.4 ms (advanced).
     let marked: Vec<(u32, u32)> =
         (0..st.modes.len as usize).map(|i| (st.modes.min[i], st.modes.candidates[i])).collect();
     assert_eq!(marked, vec![(20_000, 0), (570_000, 0), (4_990_000, 1), (5_400_000, 1)]);
+    // Through 0 and beyond: an ack of 0 is a number like any other.
+    let mut st = St::new(1);
+    feed(
+        &mut st,
+        &p,
+        &[(T0, acked(u32::MAX - 5)), (T0 + MS, acked(0)), (T0 + 3 * MS, acked(0)), (T0 + 6 * MS, acked(7))],
+    );
+    let marks: Vec<u32> = (0..st.modes.len as usize).map(|i| st.modes.candidates[i]).collect();
+    assert_eq!(marks, vec![1, 0, 1], "1 ms: advanced to 0; 2 ms: the same 0; 3 ms: advanced to 7");
+    // Without the pure-ACK skip, a response's pure ACKs neither mark nor hide it.
+    let p_all = params(FLAG_MARK_ACKED);
+    let mut st = St::new(1);
+    let pure = |ack: u32| PacketInfo { ack: Some(ack), ..PURE_ACK };
+    feed(
+        &mut st,
+        &p_all,
+        &[(T0, acked(100)), (T0 + MS, pure(1_548)), (T0 + 2 * MS, pure(2_996)), (T0 + 5 * MS, acked(2_996))],
+    );
+    let marks: Vec<u32> = (0..st.modes.len as usize).map(|i| st.modes.candidates[i]).collect();
+    assert_eq!(marks, vec![0, 1], "two 1 ms gaps ending in pure ACKs, then the 3 ms gap before the request");
+
+    // The first ack is taken as it is, whatever its half of the sequence space, 0 included.
+    for first in [0u32, 1, 1 << 31, u32::MAX] {
+        let mut st = St::new(1);
+        feed(&mut st, &p, &[(T0, acked(first)), (T0 + MS, acked(first.wrapping_add(10)))]);
+        assert_eq!((st.last_ack, st.modes.candidates[0]), (first.wrapping_add(10), 1), "first ack {first}");
+    }
 
     // UDP carries no ack: the short-packet mark applies (every gap follows a short datagram).
     let p = params(FLAG_MARK_ACKED | FLAG_MARK_AFTER_SHORT);
@@ -754,8 +779,16 @@ proptest! {
     /// Bookkeeping identities on arbitrary packet streams, against a simple model of the rules.
     #[test]
     fn bookkeeping_matches_a_model(
-        pkts in prop::collection::vec((step(), prop_oneof![Just(0u16), 1u16..600, Just(MSS), 1449u16..=u16::MAX], any::<bool>()), 1..300),
-        flags in 0u32..4,
+        pkts in prop::collection::vec((
+            step(),
+            prop_oneof![Just(0u16), 1u16..600, Just(MSS), 1449u16..=u16::MAX],
+            any::<bool>(),
+            // The acknowledgement number's move (TCP): forward as responses arrive, back when
+            // segments are reordered, none (UDP).
+            prop::option::of(-2_000i32..5_000),
+        ), 1..300),
+        flags in 0u32..16,
+        ack0 in any::<u32>(),
         delta in 0u64..3_000_000,
         floor in 0u64..3_000_000_000,
         eps in 0u32..200_000,
@@ -767,16 +800,31 @@ proptest! {
         // Model state.
         let (mut last, mut batch, mut max_pl, mut prev_short) = (0u64, 0u64, 0u16, false);
         let (mut entered, mut gaps, mut cands, mut samples, mut sum) = (0u32, 0u64, 0u64, 0u32, 0u64);
-        for &(dt, payload, ack) in &pkts {
+        let (mut ack_now, mut last_ack) = (ack0, None::<u32>);
+        for &(dt, payload, pure, ack_move) in &pkts {
             t = t.saturating_add_signed(dt);
-            let pkt = PacketInfo { payload, pure_ack: ack && payload == 0, ack: None };
+            let ack = ack_move.map(|m| {
+                ack_now = ack_now.wrapping_add_signed(m);
+                ack_now
+            });
+            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack };
             let step = on_packet(&mut st, t, pkt, &p);
             if pkt.pure_ack && flags & FLAG_SKIP_PURE_ACKS != 0 {
                 prop_assert_eq!(step, Step::SkippedPureAck);
                 continue;
             }
             entered += 1;
-            let candidate = prev_short || flags & FLAG_MARK_AFTER_SHORT == 0;
+            let candidate = match ack {
+                Some(_) if flags & FLAG_MARK_ACKED != 0 && pkt.pure_ack => false,
+                Some(a) if flags & FLAG_MARK_ACKED != 0 => {
+                    let advanced = last_ack.is_none_or(|l| (a.wrapping_sub(l) as i32) > 0);
+                    if advanced {
+                        last_ack = Some(a);
+                    }
+                    advanced
+                }
+                _ => prev_short || flags & FLAG_MARK_AFTER_SHORT == 0,
+            };
             max_pl = max_pl.max(payload);
             prev_short = payload < max_pl || max_pl < MIN_FULL_PAYLOAD;
             if last == 0 || t < last {

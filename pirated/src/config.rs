@@ -131,10 +131,12 @@ impl Config {
         if self.max_flows == 0 || self.max_flows > 1 << 24 {
             bail!("max_flows = {}: must be 1..=16777216", self.max_flows);
         }
-        if let AutoOr::Fixed(delta) = p.delta {
-            if p.idle_floor.0 <= delta.0 {
-                bail!("pirate.idle_floor ({}) must be above pirate.delta ({delta})", p.idle_floor);
-            }
+        let first_delta = match p.delta {
+            AutoOr::Fixed(delta) => delta,
+            AutoOr::Auto => Dur(FIRST_EPOCH_DELTA),
+        };
+        if p.idle_floor.0 <= first_delta.0 {
+            bail!("pirate.idle_floor ({}) must be above pirate.delta ({first_delta} with \"auto\")", p.idle_floor);
         }
         if p.idle_floor.0 > Duration::from_secs(4) {
             bail!("pirate.idle_floor = {}: gaps are kept up to 4.29s, so at most 4s", p.idle_floor);
@@ -176,7 +178,8 @@ impl Config {
         BreakRules {
             intra_batch_max_ns: p.intra_batch_max.as_nanos(),
             min_ratio_q10: (p.min_break_ratio * 1024.0).round() as u32,
-            min_share_q20: (p.min_mode_share * (1u64 << 20) as f64).round() as u32,
+            // Rounded down, so that a mode holding exactly `min_mode_share` still qualifies.
+            min_share_q20: (p.min_mode_share * (1u64 << 20) as f64).floor() as u32,
         }
     }
 
@@ -362,6 +365,14 @@ mod tests {
         assert!(format!("{err:#}").contains("pirate.modes = 17"), "{err:#}");
         let err = Config::parse("epoch = \"fast\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+
+    #[test]
+    fn a_mode_of_exactly_min_mode_share_is_significant() {
+        let rules = Config::default().break_rules();
+        assert!(rules.significant(2, 100) && !rules.significant(1, 100));
+        let odd = Config::parse("[pirate]\nmin_mode_share = 0.07\n").unwrap().break_rules();
+        assert!(odd.significant(7, 100) && !odd.significant(6, 100));
     }
 
     #[test]

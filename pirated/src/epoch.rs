@@ -63,7 +63,7 @@ pub async fn run(
             warn!(count = drained.inconsistent, "dropped flow copies read mid-update");
         }
         let kernel = dp.counters()?;
-        let report = EpochReport::new(closed, drained.flows, &settings, config.pirate.estimator);
+        let report = EpochReport::new(closed, drained.flows, &settings, config.pirate.estimator, json);
         if json {
             report.write_json(&mut std::io::stdout().lock())?;
         }

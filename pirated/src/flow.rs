@@ -15,7 +15,8 @@ pub struct Mode {
     pub min_ns: u64,
     pub max_ns: u64,
     pub count: u64,
-    /// Gaps that followed a non-full-size packet.
+    /// Marked gaps: after a non-full-size packet, or (TCP, `mark_acked`) across which the client's
+    /// acknowledgement number advanced.
     pub candidates: u64,
     pub sum_ns: u64,
 }

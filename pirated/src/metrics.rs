@@ -110,7 +110,7 @@ impl Metrics {
         );
         registry.register(
             "server_response_latency_quantile_bound_seconds",
-            "Where each quantile surely lies (bound=lower|upper), wherever the gaps are inside their modes: the quantile's error is at most this range",
+            "Where each quantile lies (bound=lower|upper) wherever the gaps are inside their modes, each batch taken to spend its flow's mean time inside a batch",
             m.server_quantile_bound.clone(),
         );
         registry.register(

@@ -43,7 +43,7 @@ fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8
             .filter(|(_, st)| st.epoch == closed && st.packets > 0)
             .map(|(k, st)| FlowEpoch::from_state(*k, st))
             .collect();
-        EpochReport::new(closed, done, &settings, config.pirate.estimator)
+        EpochReport::new(closed, done, &settings, config.pirate.estimator, true)
     };
     for (ts, frame) in packets {
         let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;

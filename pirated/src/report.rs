@@ -38,7 +38,15 @@ pub struct EpochReport {
 }
 
 impl EpochReport {
-    pub fn new(epoch: u32, mut flows: Vec<FlowEpoch>, settings: &Settings, estimator: Estimator) -> EpochReport {
+    /// `compare`: also the other estimator's per-server quantiles (for the JSON output; they cost
+    /// as much again as the configured one's).
+    pub fn new(
+        epoch: u32,
+        mut flows: Vec<FlowEpoch>,
+        settings: &Settings,
+        estimator: Estimator,
+        compare: bool,
+    ) -> EpochReport {
         flows.sort_by_key(|f| f.key);
         let flows: Vec<FlowResult> = flows
             .into_iter()
@@ -47,7 +55,10 @@ impl EpochReport {
                 FlowResult { flow, paper, batches }
             })
             .collect();
-        let servers_of = |which| per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))));
+        let servers_of = |which| {
+            let quantiles = compare || which == estimator;
+            per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))), quantiles)
+        };
         let (servers_paper, servers_batches) = (servers_of(Estimator::Paper), servers_of(Estimator::Batches));
         let servers = match estimator {
             Estimator::Paper => servers_paper.clone(),
@@ -134,7 +145,7 @@ impl From<&ServerEstimate> for Figure {
     }
 }
 
-/// A response-latency quantile and the bounds it is sure to lie within.
+/// A response-latency quantile and its bounds (see `estimate::quantile`).
 #[derive(Serialize)]
 struct QuantileLine {
     q: f64,
@@ -194,6 +205,7 @@ struct ServerLine {
     flows: usize,
     batches: u64,
     /// The configured estimator's response-latency quantiles over the server's batches.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     quantiles: Vec<QuantileLine>,
     estimates: Both,
 }

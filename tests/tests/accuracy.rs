@@ -234,7 +234,8 @@ fn quantile_misses(lines: &[Value], server: &str, run: &WebRun) -> Vec<String> {
             err * 100.0,
             bound * 100.0
         );
-        if err.abs() > bound {
+        // NaN (no quantile) fails too.
+        if err.is_nan() || err.abs() > bound {
             misses.push(format!("{server} p{}: {:+.2} %", q * 100.0, err * 100.0));
         }
     }

@@ -28,7 +28,7 @@ pub struct Break {
     /// Gaps (modes) at or above this are idle periods or retransmission timeouts: left out.
     pub idle_floor_ns: u64,
     pub rules: BreakRules,
-    /// A fixed break instead of one found in the modes: gaps from this long end a batch.
+    /// A fixed break instead of one found in the modes: modes starting at or above it end batches.
     pub fixed_ns: Option<u64>,
 }
 
@@ -51,8 +51,7 @@ pub enum Ends {
 /// a tail-loss probe, roughly two round trips late) is time spent inside a batch. With no
 /// significant mode above the break, or no break, every gap above it ends a batch.
 pub fn batch_count_mean(modes: &[Mode], b: &Break, how: Ends) -> Option<FlowEstimate> {
-    // Modes are disjoint and ascending: those below the idle floor are a prefix.
-    let kept = &modes[..modes.partition_point(|m| m.mean_ns() < b.idle_floor_ns as f64)];
+    let kept = &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)];
     let ends: Vec<(usize, u64)> = match how {
         Ends::Marked => kept.iter().enumerate().map(|(i, m)| (i, m.candidates)).filter(|e| e.1 > 0).collect(),
         Ends::Break => {
@@ -62,10 +61,11 @@ pub fn batch_count_mean(modes: &[Mode], b: &Break, how: Ends) -> Option<FlowEsti
             let significant = |m: &Mode| b.rules.significant(m.count, total);
             let above = &kept[first..];
             // Without a break there is no time inside batches to retransmit in: a late request
-            // is a slow batch.
+            // is a slow batch. A fixed break says where batches end: nothing to second-guess.
+            let found = threshold > 0 && b.fixed_ns.is_none();
             let reach = above
                 .iter()
-                .filter(|m| significant(m) && threshold > 0)
+                .filter(|m| significant(m) && found)
                 .map(|m| m.max_ns)
                 .max()
                 .map_or(u64::MAX, |longest| (longest as f64 * RARE_REACH) as u64);

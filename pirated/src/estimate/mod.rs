@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::flow::{server, FlowEpoch};
 use batches::Ends;
 use pirate_common::parse::IPPROTO_TCP;
-use quantile::{quantiles, spans, Quantile, Span, QUANTILES};
+use quantile::{spans, Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -66,12 +66,16 @@ pub struct ServerEstimate {
     pub estimate_ns: f64,
     pub flows: usize,
     pub batches: u64,
-    /// Response-latency quantiles (`QUANTILES`) over the server's batches.
+    /// Response-latency quantiles (`QUANTILES`) over the server's batches (empty if not asked).
     pub quantiles: Vec<Quantile>,
 }
 
-/// Aggregates flow estimates per server (destination address and port).
-pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>) -> Vec<ServerEstimate> {
+/// Aggregates flow estimates per server (destination address and port), with `QUANTILES` if
+/// `quantiles`.
+pub fn per_server<'a>(
+    flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>,
+    quantiles: bool,
+) -> Vec<ServerEstimate> {
     #[derive(Default)]
     struct Acc {
         kept_ns: u64,
@@ -85,7 +89,9 @@ pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEs
         a.kept_ns += est.kept_ns;
         a.batches += est.batches;
         a.flows += 1;
-        a.spans.extend(spans(&flow.modes, est));
+        if quantiles {
+            a.spans.extend(spans(&flow.modes, est));
+        }
     }
     acc.into_iter()
         .map(|(server, a)| ServerEstimate {
@@ -93,7 +99,7 @@ pub fn per_server<'a>(flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEs
             estimate_ns: a.kept_ns as f64 / a.batches as f64,
             flows: a.flows,
             batches: a.batches,
-            quantiles: quantiles(&a.spans, &QUANTILES),
+            quantiles: quantile::quantiles(&a.spans, &QUANTILES),
         })
         .collect()
 }

@@ -12,8 +12,9 @@
 //! or the maximum-entropy exponential from the minimum, put the bulk too low and the tail too
 //! heavy: p90 +10 % and +5 % there, against +3 % for this shape. Wherever the gaps really are
 //! inside their modes, each quantile lies between `lower_ns` and `upper_ns`: the quantiles of the
-//! modes' minima and maxima. The error is thus at most the width of the mode (or modes) the
-//! quantile falls in. Cost: about 1 µs per flow and batch-ending mode of the server, per epoch
+//! modes' minima and maxima. The error from the gaps' spread is thus at most the width of the
+//! mode (or modes) the quantile falls in; estimate and bounds share the one approximation that
+//! every batch spends its flow's mean time inside a batch (exact with one request in flight). Cost: about 1 µs per flow and batch-ending mode of the server, per epoch
 //! (130–190 ms for 64 K flows of two modes each, on this 2-core machine).
 
 use super::FlowEstimate;
@@ -35,7 +36,8 @@ pub struct Span {
 pub struct Quantile {
     pub q: f64,
     pub estimate_ns: f64,
-    /// Bounds that hold wherever the gaps lie inside their modes.
+    /// Bounds that hold wherever the gaps lie inside their modes (given the mean time inside a
+    /// batch).
     pub lower_ns: f64,
     pub upper_ns: f64,
 }
@@ -63,28 +65,31 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         return Vec::new();
     }
     let fits: Vec<Fit> = spans.iter().map(Fit::new).collect();
+    let sorted = |key: fn(&Span) -> f64| {
+        let mut v: Vec<(f64, u64)> = spans.iter().map(|s| (key(s), s.count)).collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let (los, his) = (sorted(|s| s.lo_ns), sorted(|s| s.hi_ns));
     qs.iter()
         .map(|&q| {
             let rank = q * total as f64;
-            let lower_ns = weighted_rank(spans.iter().map(|s| (s.lo_ns, s.count)), rank);
-            let upper_ns = weighted_rank(spans.iter().map(|s| (s.hi_ns, s.count)), rank);
+            let (lower_ns, upper_ns) = (weighted_rank(&los, rank), weighted_rank(&his, rank));
             Quantile { q, estimate_ns: mixture_quantile(&fits, rank, lower_ns, upper_ns), lower_ns, upper_ns }
         })
         .collect()
 }
 
-/// The smallest value whose cumulative count reaches `rank`.
-fn weighted_rank(values: impl Iterator<Item = (f64, u64)>, rank: f64) -> f64 {
-    let mut v: Vec<(f64, u64)> = values.collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+/// The smallest value (of ascending `values` with counts) whose cumulative count reaches `rank`.
+fn weighted_rank(values: &[(f64, u64)], rank: f64) -> f64 {
     let mut seen = 0.0;
-    for (x, n) in &v {
+    for (x, n) in values {
         seen += *n as f64;
         if seen >= rank {
             return *x;
         }
     }
-    v.last().map_or(f64::NAN, |l| l.0)
+    values.last().map_or(f64::NAN, |l| l.0)
 }
 
 /// Where the spans' summed distribution functions reach `rank`, by bisection between the bounds

@@ -16,10 +16,6 @@ use pirate_tests::{
 };
 use serde_json::Value;
 
-/// One epoch longer than any run: pirated emits it, partial, when stopped, so the mean and the
-/// quantiles cover the whole run.
-const WHOLE_RUN: &str = "epoch = \"30s\"\n";
-
 /// nginx's files: `small` for one request at a time, the rest for the web-like dependency tree
 /// (as `web_like` in tests/tests/accuracy.rs).
 const FILES: &[(&str, usize)] =
@@ -169,7 +165,9 @@ impl Case {
             (Some(spec), Some(link)) => Some(link.start(&spec.parse()?, &LinkSpec::default(), 11)?),
             _ => None,
         };
-        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, WHOLE_RUN)?;
+        // One epoch longer than the run: pirated emits it, partial, when stopped, so the mean and
+        // the quantiles cover the whole run.
+        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("epoch = \"{}s\"\n", secs + 10))?;
         let duration = Duration::from_secs(secs);
         let truth = match self.client {
             Client::Web { conns, web_like } => web(&tb, addr, conns, web_like, duration)?,

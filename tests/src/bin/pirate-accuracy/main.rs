@@ -18,8 +18,8 @@ struct Args {
     /// Run only the cases whose name contains this (case-insensitive); repeatable.
     #[arg(long)]
     case: Vec<String>,
-    /// Seconds of traffic per case.
-    #[arg(long, default_value_t = 5)]
+    /// Seconds of traffic per case (each case is one pirated epoch, at most 60 s).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
     seconds: u64,
     /// List the cases and exit.
     #[arg(long)]

@@ -45,6 +45,11 @@ fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
     bail!("nothing listens on port {port} in {} after 10 s", ns.name())
 }
 
+/// A web page's files for nginx (name, bytes): `small` for one request at a time; `page` and its
+/// objects `a`–`d` for the web-like dependency tree of [`crate::webclient`].
+pub const WEB_FILES: &[(&str, usize)] =
+    &[("small", 100), ("page", 3_000), ("a", 1_200), ("b", 9_000), ("c", 30_000), ("d", 60_000)];
+
 /// nginx on port 80 (IPv4 and IPv6), one worker, serving `files` (name, size in bytes) from
 /// its document root over HTTP/1.1; responses are the files' bytes.
 pub fn nginx(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {

@@ -42,6 +42,10 @@ pub struct Links {
     pub return_path: bool,
 }
 
+/// pirated's default idle floor: batches stalled by a retransmission timeout are not response
+/// latency (Pirate leaves such gaps out by design, §3.3), so neither are they in the truth.
+pub const IDLE_FLOOR: Duration = Duration::from_millis(200);
+
 pub struct OnePoint {
     pub client: Netns,
     pub vp: Netns,

@@ -7,8 +7,10 @@ use anyhow::Result;
 use pirate_tests::{
     clients::{h2load, redis_benchmark, wrk},
     linkem::LinkSpec,
-    servers::{nginx, nginx_h2, redis, think_time_http},
-    testbed::{batch_weighted_mean, server_quantiles, By, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    servers::{nginx, nginx_h2, redis, think_time_http, WEB_FILES},
+    testbed::{
+        batch_weighted_mean, server_quantiles, By, Links, Of, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, VP_CLIENT_IF,
+    },
     webclient::{self, WebRun},
 };
 use serde_json::Value;
@@ -101,7 +103,7 @@ fn web_like_with_loss_and_reordering() -> Result<()> {
 /// printed beside it).
 fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>> {
     let tb = OnePoint::with(Links { return_path: true, client_side: true })?;
-    let _nginx = nginx(&tb.server, &[("page", 3_000), ("a", 1_200), ("b", 9_000), ("c", 30_000), ("d", 60_000)])?;
+    let _nginx = nginx(&tb.server, WEB_FILES)?;
     let ret = tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(response_delay), &LinkSpec::default(), 7)?;
     let fwd = tb.client_side.as_ref().unwrap().start(client_side, &LinkSpec::default(), 11)?;
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "")?;
@@ -119,8 +121,7 @@ fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>
     let (ret, fwd) = (ret.stop()?, fwd.stop()?);
     eprintln!("client→vp emulator: {:?}\nreturn emulator: {:?}", fwd.ab, ret.ab);
     let (mut errors, mut paper_errors) = (Vec::new(), Vec::new());
-    // pirated's default idle floor: batches stalled by a retransmission timeout are not latency.
-    let floor = Duration::from_millis(200);
+    let floor = IDLE_FLOOR;
     for run in &runs {
         let client = run.local.to_string();
         let mean = |by| batch_weighted_mean(&lines, Of::Flow(&client), by).map_or(f64::NAN, |(e, _)| e);

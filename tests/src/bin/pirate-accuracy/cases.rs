@@ -10,27 +10,18 @@ use anyhow::{Context, Result};
 use pirate_tests::{
     clients::{h2load, redis_benchmark, wrk, ClientLatency},
     linkem::LinkSpec,
-    servers::{nginx, nginx_h2, redis, think_time_http},
-    testbed::{Links, OnePoint, Pirated, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
+    servers::{nginx, nginx_h2, redis, think_time_http, WEB_FILES},
+    testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
 };
 use serde_json::Value;
-
-/// nginx's files: `small` for one request at a time, the rest for the web-like dependency tree
-/// (as `web_like` in tests/tests/accuracy.rs).
-const FILES: &[(&str, usize)] =
-    &[("small", 100), ("page", 3_000), ("a", 1_200), ("b", 9_000), ("c", 30_000), ("d", 60_000)];
-
-/// pirated's default idle floor: batches stalled by a retransmission timeout are not response
-/// latency (Pirate leaves such gaps out by design, §3.3), so neither are they in the truth.
-const FLOOR: Duration = Duration::from_millis(200);
 
 /// The quantiles the web client's truth and pirated both report.
 const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
 #[derive(Clone, Copy)]
 enum Server {
-    /// nginx serving [`FILES`] over HTTP/1.1, or over h2c only.
+    /// nginx serving [`WEB_FILES`] over HTTP/1.1, or over h2c only.
     Nginx {
         http2: bool,
     },
@@ -145,8 +136,8 @@ impl Case {
         let ip: IpAddr = if self.ipv6 { SERVER_IP6 } else { SERVER_IP }.parse()?;
         let addr = SocketAddr::new(ip, port);
         let _server = match self.server {
-            Server::Nginx { http2: false } => Some(nginx(&tb.server, FILES)?),
-            Server::Nginx { http2: true } => Some(nginx_h2(&tb.server, FILES)?),
+            Server::Nginx { http2: false } => Some(nginx(&tb.server, WEB_FILES)?),
+            Server::Nginx { http2: true } => Some(nginx_h2(&tb.server, WEB_FILES)?),
             Server::Redis => Some(redis(&tb.server)?),
             Server::ThinkTime(service) => {
                 let service: Vec<_> = service.iter().map(|&(ms, w)| (Duration::from_millis(ms), w)).collect();
@@ -192,7 +183,7 @@ impl From<ClientLatency> for Truth {
     }
 }
 
-/// Runs `conns` web clients at once; the truth pools their batches below [`FLOOR`], so its mean
+/// Runs `conns` web clients at once; the truth pools their batches below [`IDLE_FLOOR`], so its mean
 /// is the batch-weighted mean over connections and its quantiles are over all batches, as
 /// pirated's per-server figures are.
 fn web(tb: &OnePoint, addr: SocketAddr, conns: u64, web_like: bool, duration: Duration) -> Result<Truth> {
@@ -209,7 +200,7 @@ fn web(tb: &OnePoint, addr: SocketAddr, conns: u64, web_like: bool, duration: Du
     let mut pooled = WebRun { local: addr, batches: Vec::new(), requests: 0 };
     for handle in handles {
         let run = handle.join().expect("web client panicked")?;
-        pooled.batches.extend(run.batches.into_iter().filter(|b| b.1 < FLOOR));
+        pooled.batches.extend(run.batches.into_iter().filter(|b| b.1 < IDLE_FLOOR));
         pooled.requests += run.requests;
     }
     Ok(Truth {

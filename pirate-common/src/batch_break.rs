@@ -51,11 +51,7 @@ pub trait ModeView {
 
 impl<const M: usize> ModeView for Modes<M> {
     fn modes(&self) -> usize {
-        if (self.len as usize) < M {
-            self.len as usize
-        } else {
-            M
-        }
+        self.used()
     }
     fn count(&self, i: usize) -> u64 {
         if i < M {
@@ -118,11 +114,10 @@ pub struct Break {
     pub upper_min_ns: u64,
 }
 
-/// The break among modes `0..kept`, or `None`: every gap ends a batch. One pass over data-valued
-/// state (no indices), so that the verifier's state pruning keeps the datapath's copy small;
-/// `LIMIT` (≥ the number of modes) bounds the loops.
-pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, r: &BreakRules) -> Option<Break> {
-    let total = gaps::<V, LIMIT>(v, kept);
+/// The break among modes `0..kept`, which hold `total` gaps ([`gaps`]), or `None`: every gap
+/// ends a batch. One pass over data-valued state (no indices), so that the verifier's state
+/// pruning keeps the datapath's copy small; `LIMIT` (≥ the number of modes) bounds the loop.
+pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: &BreakRules) -> Option<Break> {
     // The last significant mode so far (mean u64::MAX: none yet).
     let (mut lower_mean, mut lower_max) = (u64::MAX, 0u64);
     // The highest break between significant modes, and one between the last significant mode
@@ -185,7 +180,8 @@ mod tests {
     /// The break as (lower, upper) mode indices.
     fn find_in(modes: &'static [(u64, u64)]) -> Option<(usize, usize)> {
         let v = Plain(modes);
-        let b = find::<_, 16>(&v, kept::<_, 16>(&v, 200_000_000), &RULES)?;
+        let k = kept::<_, 16>(&v, 200_000_000);
+        let b = find::<_, 16>(&v, k, gaps::<_, 16>(&v, k), &RULES)?;
         let index = |ns: u64| (0..modes.len()).find(|&i| v.max_ns(i) == ns || v.min_ns(i) == ns).unwrap();
         Some((index(b.lower_max_ns), index(b.upper_min_ns)))
     }

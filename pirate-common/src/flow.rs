@@ -94,8 +94,9 @@ impl<const M: usize> FlowState<M> {
         if p.has(FLAG_ADAPTIVE_DELTA) {
             let m = &self.modes;
             let kept = batch_break::kept::<_, M>(m, p.idle_floor_ns);
-            if batch_break::gaps::<_, M>(m, kept) >= MIN_GAPS_FOR_BREAK {
-                self.batch_gap_ns = match batch_break::find::<_, M>(m, kept, &p.rules) {
+            let total = batch_break::gaps::<_, M>(m, kept);
+            if total >= MIN_GAPS_FOR_BREAK {
+                self.batch_gap_ns = match batch_break::find::<_, M>(m, kept, total, &p.rules) {
                     // Mode bounds are u32 gaps: so is their midpoint.
                     Some(b) => ((b.lower_max_ns + b.upper_min_ns) / 2) as u32,
                     None => 1,

@@ -76,6 +76,16 @@ impl<const M: usize> Modes<M> {
         *self = Self::new();
     }
 
+    /// Initialised modes, never more than the arrays hold (the bound the verifier needs).
+    #[inline(always)]
+    pub fn used(&self) -> usize {
+        if (self.len as usize) < M {
+            self.len as usize
+        } else {
+            M
+        }
+    }
+
     /// Sum of mode `i` in nanoseconds.
     pub fn sum_ns(&self, i: usize) -> u64 {
         (self.sum[i] as u64) << SUM_SHIFT
@@ -83,7 +93,7 @@ impl<const M: usize> Modes<M> {
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
-        let len = if (self.len as usize) < M { self.len as usize } else { M };
+        let len = self.used();
         // Ascending traversal: the first mode whose ε-widened range holds g takes it; else g
         // belongs before the first mode that starts more than ε above it.
         let mut at = len;

@@ -70,7 +70,7 @@ pub async fn run(
         let mut m = metrics.lock().unwrap();
         m.publish(&report, &kernel, drained.tracked);
         m.observe_epoch_time(started.elapsed());
-        debug!(epoch = closed, flows = report.flows.len(), servers = report.servers.len(), took = ?started.elapsed(), "epoch");
+        debug!(epoch = closed, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {
             return Ok(());
         }

@@ -123,7 +123,7 @@ fn addr(family: u8, bytes: &[u8; 16]) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use pirate_common::{
-        batch_break::{find, kept, BreakRules},
+        batch_break::{find, gaps, kept, BreakRules},
         config::MODES_WIDE,
         modes::{Epsilon, Modes},
     };
@@ -136,7 +136,7 @@ mod tests {
     fn the_break_is_the_same_from_the_kernel_arrays_and_from_records() {
         let rules = BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: 20_971 };
         // Pacing, reorder-stretched gaps, responses, a rare slow one and an idle gap.
-        let gaps: Vec<u32> = (0..400u32)
+        let stream: Vec<u32> = (0..400u32)
             .map(|i| match i % 8 {
                 0..=2 => 20_000 + i * 37,
                 3 => 900_000 + i * 100,
@@ -146,7 +146,7 @@ mod tests {
             })
             .collect();
         let mut st = FlowState::<MODES_WIDE>::new(1);
-        for g in gaps {
+        for g in stream {
             st.modes.insert(g, true, Epsilon { abs_ns: 100_000, rel_q20: 52_429 }, MODES_WIDE as u32);
         }
         let kernel: &Modes<MODES_WIDE> = &st.modes;
@@ -155,8 +155,10 @@ mod tests {
         let floor = 200_000_000;
         let (k, r) = (kept::<_, MODES_WIDE>(kernel, floor), kept::<_, MODES_WIDE>(&records, floor));
         assert_eq!(k, r);
-        let found = find::<_, MODES_WIDE>(kernel, k, &rules);
+        let total = gaps::<_, MODES_WIDE>(kernel, k);
+        assert_eq!(total, gaps::<_, MODES_WIDE>(&records, r));
+        let found = find::<_, MODES_WIDE>(kernel, k, total, &rules);
         assert!(found.is_some(), "{:?}", epoch.modes);
-        assert_eq!(found, find::<_, MODES_WIDE>(&records, r, &rules));
+        assert_eq!(found, find::<_, MODES_WIDE>(&records, r, total, &rules));
     }
 }

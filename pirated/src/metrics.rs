@@ -171,7 +171,7 @@ impl Metrics {
         self.server_quantile.clear();
         self.server_quantile_bound.clear();
         self.server_flows.clear();
-        for s in &report.servers {
+        for s in report.servers() {
             let label = ServerLabel { server: s.server.to_string() };
             for q in &s.quantiles {
                 let (server, quantile) = (label.server.clone(), q.q.to_string());

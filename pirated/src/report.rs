@@ -30,9 +30,7 @@ pub struct EpochReport {
     /// The estimator the headline figures (`estimate_ns`, the metrics) come from.
     pub estimator: Estimator,
     pub flows: Vec<FlowResult>,
-    /// Per server, from the selected estimator.
-    pub servers: Vec<ServerEstimate>,
-    /// Per server, from each estimator (for comparison in the JSON output).
+    /// Per server, from each estimator (the selected one's is `servers()`).
     pub servers_paper: Vec<ServerEstimate>,
     pub servers_batches: Vec<ServerEstimate>,
 }
@@ -60,11 +58,15 @@ impl EpochReport {
             per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))), quantiles)
         };
         let (servers_paper, servers_batches) = (servers_of(Estimator::Paper), servers_of(Estimator::Batches));
-        let servers = match estimator {
-            Estimator::Paper => servers_paper.clone(),
-            Estimator::Batches => servers_batches.clone(),
-        };
-        EpochReport { epoch, estimator, flows, servers, servers_paper, servers_batches }
+        EpochReport { epoch, estimator, flows, servers_paper, servers_batches }
+    }
+
+    /// Per server, from the selected estimator.
+    pub fn servers(&self) -> &[ServerEstimate] {
+        match self.estimator {
+            Estimator::Paper => &self.servers_paper,
+            Estimator::Batches => &self.servers_batches,
+        }
     }
 
     pub fn discarded(&self) -> u64 {
@@ -99,7 +101,7 @@ impl EpochReport {
             out.write_all(b"\n")?;
         }
         let find = |list: &[ServerEstimate], at| list.iter().find(|s| s.server == at).map(Figure::from);
-        for s in &self.servers {
+        for s in self.servers() {
             let line = ServerLine {
                 kind: "server",
                 epoch: self.epoch,

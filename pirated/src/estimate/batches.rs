@@ -55,9 +55,9 @@ pub fn batch_count_mean(modes: &[Mode], b: &Break, how: Ends) -> Option<FlowEsti
     let ends: Vec<(usize, u64)> = match how {
         Ends::Marked => kept.iter().enumerate().map(|(i, m)| (i, m.candidates)).filter(|e| e.1 > 0).collect(),
         Ends::Break => {
-            let threshold = break_at(kept, b);
+            let total = batch_break::gaps::<_, MODES_WIDE>(&ModeSlice(kept), kept.len());
+            let threshold = break_at(kept, total, b);
             let first = kept.partition_point(|m| m.min_ns < threshold);
-            let total: u64 = kept.iter().map(|m| m.count).sum();
             let significant = |m: &Mode| b.rules.significant(m.count, total);
             let above = &kept[first..];
             // Without a break there is no time inside batches to retransmit in: a late request
@@ -80,11 +80,11 @@ pub fn batch_count_mean(modes: &[Mode], b: &Break, how: Ends) -> Option<FlowEsti
 
 /// The shortest gap that ends a batch: the configured one, or where the break found in the
 /// modes ends (0: every gap ends a batch).
-fn break_at(kept: &[Mode], b: &Break) -> u64 {
+fn break_at(kept: &[Mode], total: u64, b: &Break) -> u64 {
     if let Some(fixed) = b.fixed_ns {
         return fixed;
     }
-    batch_break::find::<_, MODES_WIDE>(&ModeSlice(kept), kept.len(), &b.rules).map_or(0, |b| b.upper_min_ns)
+    batch_break::find::<_, MODES_WIDE>(&ModeSlice(kept), kept.len(), total, &b.rules).map_or(0, |b| b.upper_min_ns)
 }
 
 #[cfg(test)]

@@ -110,6 +110,9 @@ pub struct Datapath {
     pub attached_mode: &'static str,
 }
 
+/// The epoch the datapath starts in, from load.
+pub const FIRST_EPOCH: u32 = 1;
+
 impl Datapath {
     /// Loads the program for `config` into the kernel and writes its parameters, without
     /// attaching it anywhere. Errors say what to do: privileges, verifier log.
@@ -132,6 +135,9 @@ impl Datapath {
         Array::<_, pirate_common::config::Params>::try_from(ebpf.map_mut("CONFIG").unwrap())?
             .set(0, config.params(), 0)
             .context("writing CONFIG")?;
+        // Before the program can see a packet: state tagged with an epoch before the first one
+        // is never drained (a flow's first packet was lost so when traffic beat the daemon's loop).
+        Array::<_, u32>::try_from(ebpf.map_mut("EPOCH").unwrap())?.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
         let program: &mut Xdp = ebpf.program_mut(layout.program()).unwrap().try_into()?;
         program.load().map_err(verifier_error)?;
         let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;

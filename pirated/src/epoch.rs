@@ -12,7 +12,12 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::{config::Config, datapath::Datapath, metrics::Metrics, report::EpochReport};
+use crate::{
+    config::Config,
+    datapath::{Datapath, FIRST_EPOCH},
+    metrics::Metrics,
+    report::EpochReport,
+};
 
 /// The ring buffer's descriptor, owned by the datapath, registered for readiness only.
 struct Borrowed(std::os::fd::RawFd);
@@ -35,8 +40,7 @@ pub async fn run(
     // SAFETY: the ring buffer's descriptor belongs to `dp`, which outlives `ring` (this function).
     let ring = unsafe { AsyncFd::register_with_interest(Borrowed(dp.records_fd()), Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
-    let mut epoch: u32 = 1;
-    dp.set_epoch(epoch)?;
+    let mut epoch = FIRST_EPOCH;
     let mut tick = interval(config.epoch.0);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate

@@ -68,12 +68,14 @@ fn counts_every_packet_and_passes_it() -> Result<()> {
     let lines = pirated.stop()?;
 
     assert_eq!(received.load(Ordering::Relaxed), N, "every datagram must reach the server");
-    let packets: u64 = flow_lines(&lines, sport).map(|v| v["packets"].as_u64().unwrap()).sum();
-    assert_eq!(packets, N, "the flow's packets over all epochs");
     let measured = metric(&metrics, "pirated_packets_total{outcome=\"measured\"}");
     let new_flows = metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}");
     assert_eq!(measured + new_flows, N, "UDP packets are the only measurable ones sent");
     assert_eq!(new_flows, 1);
+    let epochs: Vec<(u64, u64)> =
+        flow_lines(&lines, sport).map(|v| (v["epoch"].as_u64().unwrap(), v["packets"].as_u64().unwrap())).collect();
+    let packets: u64 = epochs.iter().map(|e| e.1).sum();
+    assert_eq!(packets, N, "the flow's packets over all epochs, (epoch, packets): {epochs:?}\n{metrics}");
     assert!(metric(&metrics, "pirated_packets_total{outcome=\"unsupported\"}") >= 5, "ICMP echo requests");
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"malformed\"}"), 0);
     Ok(())

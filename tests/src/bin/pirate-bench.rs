@@ -91,7 +91,6 @@ fn main() -> Result<()> {
     let config = Config { max_flows: args.flows.max(1), ..Config::default() };
     config.validate()?;
     let mut dp = Datapath::load(&config)?;
-    dp.set_epoch(1)?;
     let frames: Vec<Vec<u8>> = (0..args.flows).map(frame).collect();
     let pirate = dp.program_fd()?.try_clone_to_owned()?;
     let bare = dp.load_bare_pass()?.try_clone_to_owned()?;

@@ -118,8 +118,12 @@ pub struct Break {
 }
 
 /// The break among modes `0..kept`, which hold `total` gaps ([`gaps`]), or `None`: every gap
-/// ends a batch. One pass over data-valued state (no indices), so that the verifier's state
-/// pruning keeps the datapath's copy small; `LIMIT` (≥ the number of modes) bounds the loop.
+/// ends a batch. Modes are taken as they come: pirated's estimators pass the chains of
+/// span-capped modes (Alg. 2's own modes), while the datapath's δ reads its capped modes as they
+/// are (chaining them here, or a loop bounded by the idle floor instead of `kept`, took the
+/// verifier past its million-instruction budget). One pass over data-valued state (no indices),
+/// so that the verifier's state pruning keeps the datapath's copy small; `LIMIT` (≥ the number
+/// of modes) bounds the loop.
 pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: &BreakRules) -> Option<Break> {
     // The last significant mode so far (mean u64::MAX: none yet).
     let (mut lower_mean, mut lower_max) = (u64::MAX, 0u64);

@@ -39,7 +39,9 @@ pub struct Params {
     pub epsilon_ns: u32,
     pub epsilon_rel_q20: u32,
     /// Alg. 2: at most this many modes per flow (≤ the layout's capacity).
-    pub max_modes: u32,
+    pub max_modes: u16,
+    /// The widest a mode grows, in ε at its lower end (0: unbounded, Alg. 2 as published).
+    pub mode_span: u16,
     /// `FLAG_*` bits.
     pub flags: u32,
     /// The break between intra- and inter-batch gaps (adaptive δ).
@@ -52,6 +54,6 @@ impl Params {
     }
 
     pub const fn epsilon(&self) -> crate::modes::Epsilon {
-        crate::modes::Epsilon { abs_ns: self.epsilon_ns, rel_q20: self.epsilon_rel_q20 }
+        crate::modes::Epsilon { abs_ns: self.epsilon_ns, rel_q20: self.epsilon_rel_q20, span: self.mode_span as u32 }
     }
 }

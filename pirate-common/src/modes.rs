@@ -26,17 +26,27 @@ pub struct Modes<const M: usize> {
 /// Alg. 2's closeness threshold: a fixed part and a part relative to the gap (Q20 fixed point),
 /// so that a mode at 20 ms absorbs the jitter of its gaps as one at 200 µs does. Two values
 /// a ≤ b are close when b − a ≤ ε(a): judged at the lower value, which keeps insertion and
-/// merging consistent (adjacent modes always stay more than ε apart).
+/// merging consistent.
+///
+/// Beyond the paper, `span` caps how wide a mode may grow: at most `span`·ε at its lower end.
+/// Alg. 2 lets a mode chain along its own jitter (one request in flight at 5 ms became a single
+/// mode of 5.2–8.5 ms holding 719 gaps), and a mode's min/max/count/sum cannot say where in it
+/// the slowest 1 % lie: that p99 came out 22 % low. Capped, the same gaps fill adjacent narrow
+/// modes ("pieces") whose counts place the tail; a chain of pieces closer than ε is exactly what
+/// Alg. 2 would have made of them, so estimators that want Alg. 2's modes read the chains.
+/// 0: unbounded, as published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Epsilon {
     pub abs_ns: u32,
     /// ε grows by `rel_q20 / 2^20` of the gap.
     pub rel_q20: u32,
+    /// The widest a mode grows, in ε at its lower end (0: unbounded).
+    pub span: u32,
 }
 
 impl Epsilon {
     pub const fn fixed(abs_ns: u32) -> Epsilon {
-        Epsilon { abs_ns, rel_q20: 0 }
+        Epsilon { abs_ns, rel_q20: 0, span: 0 }
     }
 
     #[inline(always)]
@@ -47,6 +57,18 @@ impl Epsilon {
         } else {
             self.abs_ns
         }
+    }
+
+    /// Whether b (≥ a) lies within ε of a.
+    #[inline(always)]
+    pub fn close(&self, a: u32, b: u32) -> bool {
+        b.saturating_sub(a) <= self.at(a)
+    }
+
+    /// Whether a mode may span [lo, hi].
+    #[inline(always)]
+    pub fn spans(&self, lo: u32, hi: u32) -> bool {
+        self.span == 0 || hi.saturating_sub(lo) as u64 <= self.span as u64 * self.at(lo) as u64
     }
 }
 
@@ -92,10 +114,32 @@ impl<const M: usize> Modes<M> {
     }
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
+    /// With a span cap, a full table merges its two adjacent modes of narrowest union (in ε)
+    /// to make room instead of discarding the gap: a far gap keeps its own mode and its time.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
+        let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
+        if let Some(placed) = self.place(g, candidate, eps, cap) {
+            return placed;
+        }
+        if eps.span == 0 || self.used() < 2 {
+            return self.discard();
+        }
+        self.merge_narrowest(eps);
+        // Room now: g joins the merged mode if that covers it, or opens its own.
+        self.place(g, candidate, eps, cap).unwrap_or_else(|| self.discard())
+    }
+
+    fn discard(&mut self) -> Placed {
+        self.discarded = self.discarded.saturating_add(1);
+        Placed::Discarded
+    }
+
+    /// Counts g into the mode that takes it, or into a new one; `None` if it needs a new mode
+    /// and `cap` modes exist.
+    fn place(&mut self, g: u32, candidate: bool, eps: Epsilon, cap: usize) -> Option<Placed> {
         let len = self.used();
-        // Ascending traversal: the first mode whose ε-widened range holds g takes it; else g
-        // belongs before the first mode that starts more than ε above it.
+        // Ascending traversal: the first mode whose ε-widened range holds g (within the span
+        // cap) takes it; else g belongs before the first mode that starts above it.
         let mut at = len;
         for i in 0..M {
             if i >= len {
@@ -103,37 +147,74 @@ impl<const M: usize> Modes<M> {
             }
             let lo = self.min[i];
             let hi = self.max[i];
-            let near = if g < lo {
-                lo - g <= eps.at(g)
+            let joins = if g < lo {
+                lo - g <= eps.at(g) && eps.spans(g, hi)
             } else if g > hi {
-                g - hi <= eps.at(hi)
+                // Not past the next mode's start: a capped mode's neighbour may lie within ε.
+                let below_next = i + 1 >= len || i + 1 >= M || g < self.min[i + 1];
+                g - hi <= eps.at(hi) && eps.spans(lo, g) && below_next
             } else {
                 true
             };
-            if near {
+            if joins {
                 self.count_into(i, g, candidate);
-                // Widening downwards cannot bring mode i−1 within ε: g was found not near it,
-                // judged at the same lower value.
+                // Widening downwards cannot make mode i−1 mergeable: g was found not near it,
+                // judged at the same lower value, or near it but beyond its span.
                 if g < lo {
                     self.min[i] = g;
                 } else if g > hi {
                     self.max[i] = g;
                     self.merge_if_close(i, eps);
                 }
-                return Placed::Joined;
+                return Some(Placed::Joined);
             }
             if g < lo {
                 at = i;
                 break;
             }
         }
-        let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
         if len >= cap {
-            self.discarded = self.discarded.saturating_add(1);
-            return Placed::Discarded;
+            return None;
         }
         self.open_at(at, len, g, candidate);
-        Placed::Opened
+        Some(Placed::Opened)
+    }
+
+    /// Merges the two adjacent modes whose union is narrowest in ε at its lower end (≥ 2
+    /// modes). Found by value, not by index: the verifier prunes states that differ in data it
+    /// never branches on, not states that differ in a tracked index (2^M paths).
+    fn merge_narrowest(&mut self, eps: Epsilon) {
+        let len = self.used();
+        // Widths and ε are u32: their products fit a u64 (no 128-bit multiply in BPF).
+        let width = |m: &Self, i: usize| (m.max[i + 1] - m.min[i]) as u64;
+        let scale = |m: &Self, i: usize| eps.at(m.min[i]).max(1) as u64;
+        let (mut best_w, mut best_e) = (width(self, 0), scale(self, 0));
+        for i in 1..M - 1 {
+            if i + 1 >= len {
+                break;
+            }
+            let (w, e) = (width(self, i), scale(self, i));
+            // w / e < best_w / best_e, without division.
+            if w * best_e < best_w * e {
+                (best_w, best_e) = (w, e);
+            }
+        }
+        let mut merged = false;
+        for i in 0..M - 1 {
+            if i + 1 >= len {
+                break;
+            }
+            if merged {
+                self.copy_slot(i + 1, i);
+            } else if width(self, i) * best_e == best_w * scale(self, i) {
+                self.absorb_next(i);
+                merged = true;
+            }
+        }
+        if merged {
+            self.len = (len - 1) as u32;
+            self.zero_slot(len - 1);
+        }
     }
 
     fn count_into(&mut self, i: usize, g: u32, candidate: bool) {
@@ -170,22 +251,27 @@ impl<const M: usize> Modes<M> {
         self.len = (len + 1) as u32;
     }
 
-    /// ConsiderMergeModes(i, i+1): joins the two if they now lie within ε of each other.
+    /// ConsiderMergeModes(i, i+1): joins the two if they now lie within ε of each other (and
+    /// their union within the span cap).
     fn merge_if_close(&mut self, i: usize, eps: Epsilon) {
-        let len = self.len as usize;
+        let len = self.used();
         let j = i + 1;
         if j >= len || j >= M {
             return;
         }
-        if self.min[j].saturating_sub(self.max[i]) > eps.at(self.max[i]) {
+        if !eps.close(self.max[i], self.min[j]) || !eps.spans(self.min[i], self.max[j]) {
             return;
         }
-        if self.max[j] > self.max[i] {
-            self.max[i] = self.max[j];
+        self.merge_pair(i, len);
+    }
+
+    /// Joins modes i and i + 1 of `len` into slot i.
+    fn merge_pair(&mut self, i: usize, len: usize) {
+        let j = i + 1;
+        if j >= len || j >= M {
+            return;
         }
-        self.count[i] = self.count[i].saturating_add(self.count[j]);
-        self.candidates[i] = self.candidates[i].saturating_add(self.candidates[j]);
-        self.sum[i] = self.sum[i].saturating_add(self.sum[j]);
+        self.absorb_next(i);
         for s in 0..M {
             let from = s + 1;
             if s < j {
@@ -200,6 +286,20 @@ impl<const M: usize> Modes<M> {
         if len - 1 < M {
             self.zero_slot(len - 1);
         }
+    }
+
+    /// Adds mode i + 1's gaps to mode i (the caller removes slot i + 1).
+    fn absorb_next(&mut self, i: usize) {
+        let j = i + 1;
+        if j >= M {
+            return;
+        }
+        if self.max[j] > self.max[i] {
+            self.max[i] = self.max[j];
+        }
+        self.count[i] = self.count[i].saturating_add(self.count[j]);
+        self.candidates[i] = self.candidates[i].saturating_add(self.candidates[j]);
+        self.sum[i] = self.sum[i].saturating_add(self.sum[j]);
     }
 
     fn copy_slot(&mut self, from: usize, to: usize) {

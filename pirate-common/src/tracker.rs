@@ -97,6 +97,6 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
 
     // Alg. 2 on the gap.
     let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
-    let placed = st.modes.insert(g, candidate, p.epsilon(), p.max_modes);
+    let placed = st.modes.insert(g, candidate, p.epsilon(), p.max_modes as u32);
     Step::Gap { gap_ns, placed }
 }

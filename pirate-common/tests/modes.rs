@@ -16,9 +16,15 @@ fn check_invariants<const M: usize>(m: &Modes<M>, eps: Epsilon, max_modes: u32) 
         assert!(sum - slack <= m.count[i] as f64 * m.max[i] as f64, "mode {i}: sum above count·max");
     }
     for i in 1..len {
-        // Ascending and more than ε apart: otherwise they would have been merged.
+        // Ascending and more than ε apart, or too wide together for the span cap: otherwise
+        // they would have been merged.
         let gap = m.min[i].checked_sub(m.max[i - 1]).expect("modes out of order");
-        assert!(gap > eps.at(m.max[i - 1]), "modes {} and {i} lie within ε", i - 1);
+        assert!(gap > 0, "modes {} and {i} overlap", i - 1);
+        assert!(
+            gap > eps.at(m.max[i - 1]) || !eps.spans(m.min[i - 1], m.max[i]),
+            "modes {} and {i} lie within ε and would fit one span",
+            i - 1
+        );
     }
     for i in len..M {
         assert_eq!((m.min[i], m.max[i], m.count[i], m.sum[i]), (0, 0, 0, 0), "slot {i} beyond len is not clear");
@@ -35,8 +41,9 @@ proptest! {
         abs in 0u32..200_000,
         rel_q20 in prop_oneof![Just(0u32), 0u32..200_000],
         max_modes in 1u32..=16,
+        span in prop_oneof![Just(0u32), 1u32..8],
     ) {
-        let eps = Epsilon { abs_ns: abs, rel_q20 };
+        let eps = Epsilon { abs_ns: abs, rel_q20, span };
         let mut m = Modes::<16>::new();
         let mut counted = 0u64;
         for &(g, cand) in &gaps {
@@ -48,6 +55,10 @@ proptest! {
         let total: u64 = (0..m.len as usize).map(|i| m.count[i] as u64).sum();
         prop_assert_eq!(total, counted);
         prop_assert_eq!(total + m.discarded as u64, gaps.len() as u64);
+        // With a span cap a full table makes room: only a single mode can be full.
+        if span > 0 && max_modes >= 2 {
+            prop_assert_eq!(m.discarded, 0);
+        }
     }
 
     /// With room for every distinct cluster, no gap is discarded and every gap is in the mode
@@ -57,8 +68,9 @@ proptest! {
         gaps in prop::collection::vec(0u32..1_000_000, 1..200),
         abs in 1u32..50_000,
         rel_q20 in 0u32..100_000,
+        span in prop_oneof![Just(0u32), 1u32..8],
     ) {
-        let eps = Epsilon { abs_ns: abs, rel_q20 };
+        let eps = Epsilon { abs_ns: abs, rel_q20, span };
         let mut m = Modes::<16>::new();
         for &g in &gaps {
             m.insert(g, false, eps, 16);
@@ -110,7 +122,7 @@ fn full_histogram_discards() {
 #[test]
 fn relative_epsilon_scales_with_the_gap() {
     // 5 % of the gap: 10.0 ms and 10.4 ms are one mode, 100 µs and 104 µs too, 100 µs and 200 µs not.
-    let eps = Epsilon { abs_ns: 1_000, rel_q20: (0.05 * (1u64 << 20) as f64) as u32 };
+    let eps = Epsilon { abs_ns: 1_000, rel_q20: (0.05 * (1u64 << 20) as f64) as u32, span: 0 };
     let mut m = Modes::<10>::new();
     for g in [10_000_000, 10_400_000, 100_000, 104_000, 200_000] {
         m.insert(g, false, eps, 10);
@@ -118,4 +130,26 @@ fn relative_epsilon_scales_with_the_gap() {
     assert_eq!(m.len, 3);
     assert_eq!((m.min[2], m.max[2], m.count[2]), (10_000_000, 10_400_000, 2));
     assert_eq!((m.min[0], m.max[0], m.count[0]), (100_000, 104_000, 2));
+}
+
+#[test]
+fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_narrowest() {
+    // ε = 10 ns, span 2: a mode grows to at most 20 ns; a stream creeping up 5 ns at a time
+    // fills adjacent modes instead of chaining into one.
+    let eps = Epsilon { span: 2, ..E10 };
+    let mut m = Modes::<10>::new();
+    for g in (100..=160).step_by(5) {
+        m.insert(g, false, eps, 10);
+    }
+    let modes: Vec<(u32, u32, u32)> = (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect();
+    assert_eq!(modes, vec![(100, 120, 5), (125, 145, 5), (150, 160, 3)]);
+    // Uncapped, Alg. 2 chains them.
+    let mut alg2 = Modes::<10>::new();
+    (100..=160).step_by(5).for_each(|g| _ = alg2.insert(g, false, E10, 10));
+    assert_eq!((alg2.len, alg2.min[0], alg2.max[0]), (1, 100, 160));
+    // Full (3 modes): a far gap gets a mode of its own, and the two narrowest neighbours merge.
+    assert_eq!(m.insert(1_000, false, eps, 3), Placed::Opened);
+    let modes: Vec<(u32, u32, u32)> = (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect();
+    assert_eq!(modes, vec![(100, 120, 5), (125, 160, 8), (1_000, 1_000, 1)]);
+    assert_eq!(m.discarded, 0);
 }

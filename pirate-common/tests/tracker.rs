@@ -38,6 +38,7 @@ fn params(flags: u32) -> Params {
         epsilon_ns: 50_000,
         epsilon_rel_q20: 0,
         max_modes: 10,
+        mode_span: 0,
         flags,
         rules: BreakRules { intra_batch_max_ns: 2 * MS, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
     }

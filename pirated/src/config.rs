@@ -28,6 +28,7 @@ pub struct PirateConfig {
     pub modes: u32,
     pub epsilon: Dur,
     pub epsilon_relative: f64,
+    pub mode_span: u32,
     pub delta: AutoOr,
     pub idle_floor: Dur,
     pub min_mode_share: f64,
@@ -79,6 +80,7 @@ impl Default for PirateConfig {
             modes: 10,
             epsilon: Dur(Duration::from_micros(100)),
             epsilon_relative: 0.05,
+            mode_span: 2,
             delta: AutoOr::Auto,
             idle_floor: Dur(Duration::from_millis(200)),
             min_mode_share: 0.02,
@@ -147,6 +149,9 @@ impl Config {
         if !(0.0..=0.5).contains(&p.epsilon_relative) {
             bail!("pirate.epsilon_relative = {}: must be in [0, 0.5]", p.epsilon_relative);
         }
+        if p.mode_span > MAX_MODE_SPAN {
+            bail!("pirate.mode_span = {}: must be 0 (unbounded) ..={MAX_MODE_SPAN}", p.mode_span);
+        }
         if p.min_break_ratio < 1.0 || !p.min_break_ratio.is_finite() {
             bail!("pirate.min_break_ratio = {}: must be at least 1", p.min_break_ratio);
         }
@@ -203,6 +208,7 @@ impl Config {
                 },
             },
             acked_marks: p.mark_acked,
+            epsilon: self.params().epsilon(),
         }
     }
 
@@ -234,12 +240,16 @@ impl Config {
             idle_floor_ns: p.idle_floor.as_nanos(),
             epsilon_ns: p.epsilon.as_nanos() as u32,
             epsilon_rel_q20: (p.epsilon_relative * (1u64 << 20) as f64).round() as u32,
-            max_modes: p.modes,
+            max_modes: p.modes as u16,
+            mode_span: p.mode_span as u16,
             flags,
             rules: self.break_rules(),
         }
     }
 }
+
+/// Beyond this many ε a span cap hardly differs from none.
+const MAX_MODE_SPAN: u32 = 64;
 
 /// With `delta = "auto"`, Alg. 1's δ in a flow's first epoch (the paper's choice), before its
 /// own break is known.

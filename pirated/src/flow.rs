@@ -1,11 +1,16 @@
 //! A flow's finished epoch as plain data: what the datapath hands over (from either state
 //! layout), what replay produces, and what the estimators read.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::Range,
+};
 
+use crate::estimate::FlowEstimate;
 use pirate_common::{
     batch_break::ModeView,
     flow::{FlowKey, FlowState, FAMILY_V4},
+    modes::Epsilon,
     parse::{IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -45,6 +50,44 @@ impl ModeView for ModeSlice<'_> {
     }
     fn max_ns(&self, i: usize) -> u64 {
         self.0[i].max_ns
+    }
+}
+
+/// A flow's modes joined where they lie within ε of each other: with a span cap
+/// (`pirate_common::modes::Epsilon::span`), the modes Alg. 2 itself would have made, which the
+/// estimators were built on; without one, the modes as they are.
+pub struct Chains {
+    pub modes: Vec<Mode>,
+    /// The range of the flow's modes each chain joins.
+    pub of: Vec<Range<usize>>,
+}
+
+impl Chains {
+    pub fn new(modes: &[Mode], eps: Epsilon) -> Chains {
+        let mut c = Chains { modes: Vec::new(), of: Vec::new() };
+        for (i, m) in modes.iter().enumerate() {
+            match c.modes.last_mut() {
+                Some(last) if eps.close(last.max_ns as u32, m.min_ns as u32) => {
+                    last.max_ns = m.max_ns;
+                    last.count += m.count;
+                    last.candidates += m.candidates;
+                    last.sum_ns += m.sum_ns;
+                    c.of.last_mut().unwrap().end = i + 1;
+                }
+                _ => {
+                    c.modes.push(*m);
+                    c.of.push(i..i + 1);
+                }
+            }
+        }
+        c
+    }
+
+    /// An estimate over the chains, with its batch ends moved to the flow's own modes (each chain
+    /// that ends batches ends them with all its gaps), where the quantiles read them narrow.
+    pub fn expand(&self, est: FlowEstimate, modes: &[Mode]) -> FlowEstimate {
+        let ends = est.ends.iter().flat_map(|&(c, _)| self.of[c].clone().map(|i| (i, modes[i].count))).collect();
+        FlowEstimate { ends, ..est }
     }
 }
 
@@ -132,6 +175,9 @@ mod tests {
 
     /// The kernel reads the break off its mode arrays, pirated off the records it drains: the
     /// same modes must give the same break either way.
+    /// The default ε (100 µs, 5 %) and span cap (2 ε).
+    const EPS: Epsilon = Epsilon { abs_ns: 100_000, rel_q20: 52_429, span: 2 };
+
     #[test]
     fn the_break_is_the_same_from_the_kernel_arrays_and_from_records() {
         let rules = BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: 20_971 };
@@ -147,7 +193,7 @@ mod tests {
             .collect();
         let mut st = FlowState::<MODES_WIDE>::new(1);
         for g in stream {
-            st.modes.insert(g, true, Epsilon { abs_ns: 100_000, rel_q20: 52_429 }, MODES_WIDE as u32);
+            st.modes.insert(g, true, EPS, MODES_WIDE as u32);
         }
         let kernel: &Modes<MODES_WIDE> = &st.modes;
         let epoch = FlowEpoch::from_state(FlowKey::default(), &st);

@@ -32,47 +32,49 @@ pub struct Break {
     pub fixed_ns: Option<u64>,
 }
 
-/// How a flow's batch-ending gaps are told apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ends {
-    /// The modes' marks: gaps across which the client's acknowledgement number advanced held a
-    /// response (TCP), whatever their length.
-    Marked,
-    /// The break between intra- and inter-batch gaps found in the modes (UDP, QUIC, or TCP
-    /// without acknowledgement marks).
-    Break,
+/// The mean time between batch starts over one flow's chains of modes (ascending,
+/// [`crate::flow::Chains`]), or `None` without gaps.
+///
+/// Above the break, chains holding a significant share of the gaps end batches, and so do rare
+/// ones among or just above them (up to `RARE_REACH`× the longest significant gap: a slow
+/// response). A rare gap far beyond them (a request retransmitted after a tail-loss probe,
+/// roughly two round trips late) is time spent inside a batch. With no significant chain above
+/// the break, or no break, every gap above it ends a batch.
+pub fn batch_count_mean(chains: &[Mode], b: &Break) -> Option<FlowEstimate> {
+    let kept = kept(chains, b);
+    let total = batch_break::gaps::<_, MODES_WIDE>(&ModeSlice(kept), kept.len());
+    let threshold = break_at(kept, total, b);
+    let first = kept.partition_point(|m| m.min_ns < threshold);
+    let significant = |m: &Mode| b.rules.significant(m.count, total);
+    let above = &kept[first..];
+    // Without a break there is no time inside batches to retransmit in: a late request is a
+    // slow batch. A fixed break says where batches end: nothing to second-guess.
+    let found = threshold > 0 && b.fixed_ns.is_none();
+    let reach = above
+        .iter()
+        .filter(|m| significant(m) && found)
+        .map(|m| m.max_ns)
+        .max()
+        .map_or(u64::MAX, |longest| (longest as f64 * RARE_REACH) as u64);
+    let ending = |m: &Mode| significant(m) || m.min_ns <= reach;
+    let ends = (first..kept.len()).filter(|&i| ending(&kept[i])).map(|i| (i, kept[i].count)).collect();
+    estimate(kept, ends)
 }
 
-/// The mean time between batch starts over one flow's modes (ascending), or `None` without gaps.
-///
-/// With `Ends::Break`: above the break, modes holding a significant share of the gaps end
-/// batches, and so do rare ones among or just above them (up to `RARE_REACH`× the longest
-/// significant gap: a slow response). A rare gap far beyond them (a request retransmitted after
-/// a tail-loss probe, roughly two round trips late) is time spent inside a batch. With no
-/// significant mode above the break, or no break, every gap above it ends a batch.
-pub fn batch_count_mean(modes: &[Mode], b: &Break, how: Ends) -> Option<FlowEstimate> {
-    let kept = &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)];
-    let ends: Vec<(usize, u64)> = match how {
-        Ends::Marked => kept.iter().enumerate().map(|(i, m)| (i, m.candidates)).filter(|e| e.1 > 0).collect(),
-        Ends::Break => {
-            let total = batch_break::gaps::<_, MODES_WIDE>(&ModeSlice(kept), kept.len());
-            let threshold = break_at(kept, total, b);
-            let first = kept.partition_point(|m| m.min_ns < threshold);
-            let significant = |m: &Mode| b.rules.significant(m.count, total);
-            let above = &kept[first..];
-            // Without a break there is no time inside batches to retransmit in: a late request
-            // is a slow batch. A fixed break says where batches end: nothing to second-guess.
-            let found = threshold > 0 && b.fixed_ns.is_none();
-            let reach = above
-                .iter()
-                .filter(|m| significant(m) && found)
-                .map(|m| m.max_ns)
-                .max()
-                .map_or(u64::MAX, |longest| (longest as f64 * RARE_REACH) as u64);
-            let ending = |m: &Mode| significant(m) || m.min_ns <= reach;
-            (first..kept.len()).filter(|&i| ending(&kept[i])).map(|i| (i, kept[i].count)).collect()
-        }
-    };
+/// The mean time between batch starts when the modes' marks say which gaps held a response:
+/// gaps across which the client's acknowledgement number advanced (TCP, `mark_acked`), whatever
+/// their length. Read off the modes as they are: marks need no break.
+pub fn marked(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
+    let kept = kept(modes, b);
+    estimate(kept, kept.iter().enumerate().map(|(i, m)| (i, m.candidates)).filter(|e| e.1 > 0).collect())
+}
+
+/// The modes below the idle floor.
+fn kept<'a>(modes: &'a [Mode], b: &Break) -> &'a [Mode] {
+    &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)]
+}
+
+fn estimate(kept: &[Mode], ends: Vec<(usize, u64)>) -> Option<FlowEstimate> {
     let batches: u64 = ends.iter().map(|e| e.1).sum();
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns, ends })
@@ -114,13 +116,13 @@ mod tests {
         // break would take the responses for pacing; the acknowledgement marks do not.
         let mut fast = mode(211.0, 0.5, 30);
         let mut slow = mode(3_500.0, 0.0, 1);
-        assert_eq!(batch_count_mean(&[fast, slow], &BREAK, Ends::Break).unwrap().batches, 1);
-        let est = batch_count_mean(&[fast, slow], &BREAK, Ends::Marked).unwrap();
+        assert_eq!(batch_count_mean(&[fast, slow], &BREAK).unwrap().batches, 1);
+        let est = marked(&[fast, slow], &BREAK).unwrap();
         assert_eq!((est.batches, est.ends.clone()), (31, vec![(0, 30), (1, 1)]));
         // Pipelined requests (unmarked) inside a mode of responses count as time only.
         fast.candidates = 10;
         slow.candidates = 0;
-        let est = batch_count_mean(&[fast, slow], &BREAK, Ends::Marked).unwrap();
+        let est = marked(&[fast, slow], &BREAK).unwrap();
         assert_eq!((est.batches, est.ends), (10, vec![(0, 10)]));
     }
 
@@ -128,7 +130,7 @@ mod tests {
     fn varying_service_times_all_end_batches() {
         // One request in flight, service times of 2, 5 and 20 ms: every gap is a batch.
         let modes = [mode(2_100.0, 0.02, 50), mode(5_100.0, 0.02, 30), mode(20_100.0, 0.02, 20)];
-        let est = batch_count_mean(&modes, &BREAK, Ends::Break).unwrap();
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!(est.batches, 100);
         let truth = (50.0 * 2.1 + 30.0 * 5.1 + 20.0 * 20.1) / 100.0 * 1e6;
         assert!((est.estimate_ns - truth).abs() < 1.0, "{} vs {truth}", est.estimate_ns);
@@ -138,7 +140,7 @@ mod tests {
     fn intra_batch_gaps_are_time_not_batches() {
         // Batches of four requests 20 µs apart, batches every ~5 ms (split by reordering).
         let modes = [mode(20.0, 0.5, 300), mode(4_000.0, 0.02, 25), mode(5_000.0, 0.02, 50), mode(6_000.0, 0.02, 25)];
-        let est = batch_count_mean(&modes, &BREAK, Ends::Break).unwrap();
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!(est.batches, 100);
         let truth = (300.0 * 0.02 + 25.0 * 4.0 + 50.0 * 5.0 + 25.0 * 6.0) / 100.0 * 1e6;
         assert!((est.estimate_ns - truth).abs() < 1.0);
@@ -147,10 +149,10 @@ mod tests {
     #[test]
     fn idle_gaps_are_left_out_and_empty_flows_have_no_estimate() {
         let modes = [mode(5_000.0, 0.02, 10), mode(900_000.0, 0.0, 2)];
-        let est = batch_count_mean(&modes, &BREAK, Ends::Break).unwrap();
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!((est.batches, est.estimate_ns), (10, 5_000_000.0));
-        assert!(batch_count_mean(&[], &BREAK, Ends::Break).is_none());
-        assert!(batch_count_mean(&[mode(900_000.0, 0.0, 2)], &BREAK, Ends::Break).is_none());
+        assert!(batch_count_mean(&[], &BREAK).is_none());
+        assert!(batch_count_mean(&[mode(900_000.0, 0.0, 2)], &BREAK).is_none());
     }
 
     #[test]
@@ -158,12 +160,12 @@ mod tests {
         // Reordering spreads some intra-batch gaps to ~1 ms and leaves a lone 2 ms gap between
         // them and the inter-batch gaps from 4 ms: still one break, below 4 ms.
         let modes = [mode(300.0, 0.98, 90), mode(1_000.0, 0.2, 35), mode(2_031.0, 0.0, 1), mode(6_000.0, 0.3, 170)];
-        let est = batch_count_mean(&modes, &BREAK, Ends::Break).unwrap();
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!(est.batches, 170);
         // Counted as significant, the lone gap leaves no break 3× wide below 6 ms: the highest
         // left is below 1 ms, and the reordered gaps become batches.
         let all = Break { rules: BreakRules { min_share_q20: 0, ..BREAK.rules }, ..BREAK };
-        assert_eq!(batch_count_mean(&modes, &all, Ends::Break).unwrap().batches, 206);
+        assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 206);
     }
 
     #[test]
@@ -171,7 +173,7 @@ mod tests {
         // Web-like batches, 25 % of packets 1 ms early: intra-batch gaps of tens of µs and of
         // ~1 ms (a batch's first request early), inter-batch gaps of 4–8 ms.
         let modes = [mode(38.0, 0.8, 84), mode(979.0, 0.15, 29), mode(5_332.0, 0.3, 127)];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 127);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 127);
     }
 
     #[test]
@@ -183,7 +185,7 @@ mod tests {
             Mode { min_ns: 1_446_000, max_ns: 1_578_000, count: 3, candidates: 3, sum_ns: 4_527_000 },
             Mode { min_ns: 3_997_000, max_ns: 8_158_000, count: 750, candidates: 750, sum_ns: 4_053_750_000 },
         ];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 750);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 750);
     }
 
     #[test]
@@ -191,29 +193,29 @@ mod tests {
         // 200 batches of ~5 ms; two requests retransmitted 12 ms into their batch; one slow
         // response at 6.5 ms, just above the rest: a batch.
         let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.05, 200), mode(6_500.0, 0.0, 1), mode(12_000.0, 0.0, 2)];
-        let est = batch_count_mean(&modes, &BREAK, Ends::Break).unwrap();
+        let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!(est.batches, 201);
         // A flow whose only gaps above the break are rare still has batches.
         let modes = [mode(20.0, 0.5, 400), mode(5_000.0, 0.0, 3)];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 3);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 3);
         // One request in flight (no break): a rare long gap is a slow response, a batch.
         let modes = [mode(1_100.0, 0.2, 3000), mode(1_900.0, 0.0, 20), mode(3_000.0, 0.0, 5)];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 3025);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 3025);
     }
 
     #[test]
     fn a_break_needs_a_short_lower_side_and_a_wide_ratio() {
         // 300 µs and 3 ms responses: the lower side is short but the ratio is 10: a break.
         let modes = [mode(300.0, 0.01, 10), mode(3_000.0, 0.01, 10)];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 10);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 10);
         // With a 200 µs ceiling on intra-batch gaps they are both responses.
         let strict = Break { rules: BreakRules { intra_batch_max_ns: 200_000, ..BREAK.rules }, ..BREAK };
-        assert_eq!(batch_count_mean(&modes, &strict, Ends::Break).unwrap().batches, 20);
+        assert_eq!(batch_count_mean(&modes, &strict).unwrap().batches, 20);
         // Modes only 2× apart never form a break.
         let modes = [mode(50.0, 0.01, 10), mode(100.0, 0.01, 10)];
-        assert_eq!(batch_count_mean(&modes, &BREAK, Ends::Break).unwrap().batches, 20);
+        assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 20);
         // Unless one is configured between them.
         let fixed = Break { fixed_ns: Some(75_000), ..BREAK };
-        assert_eq!(batch_count_mean(&modes, &fixed, Ends::Break).unwrap().batches, 10);
+        assert_eq!(batch_count_mean(&modes, &fixed).unwrap().batches, 10);
     }
 }

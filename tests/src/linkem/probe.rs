@@ -102,13 +102,18 @@ impl Probes {
         Ok(ProbeRun { sent: self.count, arrivals })
     }
 
+    /// The UDP payload of probe `seq`: its sequence number, then zeros up to `payload` bytes.
+    pub fn payload(&self, seq: u64) -> Vec<u8> {
+        let mut payload = vec![0u8; self.payload.max(HEADER)];
+        payload[..HEADER].copy_from_slice(&seq.to_le_bytes());
+        payload
+    }
+
     /// Sends the probes and returns their transmit timestamps by sequence number.
     fn send(&self, tx: &UdpSocket) -> Result<HashMap<u64, i64>> {
-        let mut payload = vec![0u8; self.payload];
         let mut sent_ns = HashMap::with_capacity(self.count as usize);
         for seq in 0..self.count {
-            payload[..8].copy_from_slice(&seq.to_le_bytes());
-            tx.send(&payload).with_context(|| format!("sending probe {seq}"))?;
+            tx.send(&self.payload(seq)).with_context(|| format!("sending probe {seq}"))?;
             collect_tx_timestamps(tx, &mut sent_ns)?;
             thread::sleep(self.gap);
         }

@@ -49,16 +49,17 @@ proptest! {
         for &(g, cand) in &gaps {
             if m.insert(g, cand, eps, max_modes) != Placed::Discarded {
                 counted += 1;
+            } else {
+                // Discarded only when full with no pieces of one Alg. 2 mode left to merge.
+                let len = m.len as usize;
+                prop_assert_eq!(len, max_modes as usize);
+                prop_assert!((1..len).all(|i| !eps.close(m.max[i - 1], m.min[i])), "{:?}", m);
             }
             check_invariants(&m, eps, max_modes);
         }
         let total: u64 = (0..m.len as usize).map(|i| m.count[i] as u64).sum();
         prop_assert_eq!(total, counted);
         prop_assert_eq!(total + m.discarded as u64, gaps.len() as u64);
-        // With a span cap a full table makes room: only a single mode can be full.
-        if span > 0 && max_modes >= 2 {
-            prop_assert_eq!(m.discarded, 0);
-        }
     }
 
     /// With room for every distinct cluster, no gap is discarded and every gap is in the mode
@@ -133,7 +134,7 @@ fn relative_epsilon_scales_with_the_gap() {
 }
 
 #[test]
-fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_narrowest() {
+fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
     // ε = 10 ns, span 2: a mode grows to at most 20 ns; a stream creeping up 5 ns at a time
     // fills adjacent modes instead of chaining into one.
     let eps = Epsilon { span: 2, ..E10 };
@@ -147,9 +148,29 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_narrowest() {
     let mut alg2 = Modes::<10>::new();
     (100..=160).step_by(5).for_each(|g| _ = alg2.insert(g, false, E10, 10));
     assert_eq!((alg2.len, alg2.min[0], alg2.max[0]), (1, 100, 160));
-    // Full (3 modes): a far gap gets a mode of its own, and the two narrowest neighbours merge.
+    // Full (3 modes): a far gap gets a mode of its own, and the neighbours whose union is
+    // narrowest for the gaps it holds merge.
     assert_eq!(m.insert(1_000, false, eps, 3), Placed::Opened);
     let modes: Vec<(u32, u32, u32)> = (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect();
     assert_eq!(modes, vec![(100, 120, 5), (125, 160, 8), (1_000, 1_000, 1)]);
     assert_eq!(m.discarded, 0);
+}
+
+#[test]
+fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
+    // ε = 10 ns, span 1: pieces of one Alg. 2 mode, a dense one (100–110 ns, 11 gaps) and two
+    // sparse ones (112–119, 125–131) chained on to it through ε.
+    let eps = Epsilon { span: 1, ..E10 };
+    let mut m = Modes::<10>::new();
+    (100..=110).chain([112, 119, 125, 131, 1_000]).for_each(|g| _ = m.insert(g, false, eps, 4));
+    let modes = |m: &Modes<10>| (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect::<Vec<_>>();
+    assert_eq!(modes(&m), vec![(100, 110, 11), (112, 119, 2), (125, 131, 2), (1_000, 1_000, 1)]);
+    // Full: the sparse pieces merge, though the dense one and its neighbour are as narrow.
+    assert_eq!(m.insert(2_000, false, eps, 4), Placed::Opened);
+    assert_eq!(modes(&m), vec![(100, 110, 11), (112, 131, 4), (1_000, 1_000, 1), (2_000, 2_000, 1)]);
+    // Then the last two pieces of that mode.
+    assert_eq!(m.insert(3_000, false, eps, 4), Placed::Opened);
+    assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
+    // No pieces of one mode left: Alg. 2 discards.
+    assert_eq!(m.insert(5_000, false, eps, 4), Placed::Discarded);
 }

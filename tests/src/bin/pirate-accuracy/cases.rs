@@ -122,8 +122,8 @@ pub fn all() -> Vec<Case> {
 
 impl Case {
     /// Builds the testbed, starts the server, the emulators and pirated, drives the client for
-    /// `secs` seconds and stops pirated.
-    pub fn run(&self, secs: u64) -> Result<Outcome> {
+    /// `secs` seconds and stops pirated (run with `config`'s extra lines of TOML).
+    pub fn run(&self, secs: u64, config: &str) -> Result<Outcome> {
         let tb = OnePoint::with(Links {
             return_path: self.return_delay_ms.is_some(),
             client_side: self.client_side.is_some(),
@@ -158,7 +158,7 @@ impl Case {
         };
         // One epoch longer than the run: pirated emits it, partial, when stopped, so the mean and
         // the quantiles cover the whole run.
-        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("epoch = \"{}s\"\n", secs + 10))?;
+        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("epoch = \"{}s\"\n{config}", secs + 10))?;
         let duration = Duration::from_secs(secs);
         let truth = match self.client {
             Client::Web { conns, web_like } => web(&tb, addr, conns, web_like, duration)?,

@@ -794,8 +794,16 @@ proptest! {
         floor in 0u64..3_000_000_000,
         eps in 0u32..200_000,
         rel in prop_oneof![Just(0u32), 0u32..=(1 << 19)],
+        span in prop_oneof![Just(0u16), 1u16..4],
     ) {
-        let p = Params { delta_ns: delta, idle_floor_ns: floor, epsilon_ns: eps, epsilon_rel_q20: rel, ..params(flags) };
+        let p = Params {
+            delta_ns: delta,
+            idle_floor_ns: floor,
+            epsilon_ns: eps,
+            epsilon_rel_q20: rel,
+            mode_span: span,
+            ..params(flags)
+        };
         let mut st = St::new(1);
         let mut t: u64 = T0;
         // Model state.

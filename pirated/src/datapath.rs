@@ -16,7 +16,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use pirate_common::{
-    config::{MODES_COMPACT, MODES_WIDE},
+    config::MODES_COMPACT,
     counters,
     flow::{EpochRecord, FlowKey, FlowState},
 };
@@ -31,6 +31,24 @@ use crate::{
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
 
 pub const PIN_ROOT: &str = "/sys/fs/bpf/pirated";
+
+/// Evaluates `$e` with `$m` the mode capacity (a const) of `$layout`: one place that turns the
+/// runtime layout into the compile-time one the flow-state types are generic over.
+macro_rules! with_modes {
+    ($layout:expr, $m:ident => $e:expr) => {
+        match $layout {
+            $crate::datapath::Layout::Compact => {
+                const $m: usize = pirate_common::config::MODES_COMPACT;
+                $e
+            }
+            $crate::datapath::Layout::Wide => {
+                const $m: usize = pirate_common::config::MODES_WIDE;
+                $e
+            }
+        }
+    };
+}
+pub(crate) use with_modes;
 
 /// Flow-state layout: the compact one holds N ≤ 10 modes, the wide one N ≤ 16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,19 +90,12 @@ impl Layout {
 
     /// Bytes of one record in the hand-over ring buffer.
     fn record_size(self) -> usize {
-        match self {
-            Layout::Compact => size_of::<EpochRecord<MODES_COMPACT>>(),
-            Layout::Wide => size_of::<EpochRecord<MODES_WIDE>>(),
-        }
+        with_modes!(self, M => size_of::<EpochRecord<M>>())
     }
 
     /// Key plus value bytes of one flow-table entry.
     pub fn entry_size(self) -> usize {
-        size_of::<FlowKey>()
-            + match self {
-                Layout::Compact => size_of::<FlowState<MODES_COMPACT>>(),
-                Layout::Wide => size_of::<FlowState<MODES_WIDE>>(),
-            }
+        size_of::<FlowKey>() + with_modes!(self, M => size_of::<FlowState<M>>())
     }
 }
 
@@ -207,10 +218,7 @@ impl Datapath {
         // Let packets already inside the program under the old epoch finish.
         std::thread::sleep(Duration::from_millis(1));
         let map = self.ebpf.map(self.layout.flows_map()).unwrap();
-        match self.layout {
-            Layout::Compact => drain::<MODES_COMPACT>(map, &mut self.records, closed),
-            Layout::Wide => drain::<MODES_WIDE>(map, &mut self.records, closed),
-        }
+        with_modes!(self.layout, M => drain::<M>(map, &mut self.records, closed))
     }
 
     /// The hand-over ring buffer's descriptor, to wait for records on.
@@ -222,10 +230,7 @@ impl Datapath {
     /// record is stale (a flow the drain already read from the table, touched again), so pirated
     /// empties the ring as they come and it never fills.
     pub fn discard_records(&mut self) -> anyhow::Result<usize> {
-        Ok(match self.layout {
-            Layout::Compact => take_records::<MODES_COMPACT>(&mut self.records)?.len(),
-            Layout::Wide => take_records::<MODES_WIDE>(&mut self.records)?.len(),
-        })
+        Ok(with_modes!(self.layout, M => take_records::<M>(&mut self.records)?.len()))
     }
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.

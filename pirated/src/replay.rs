@@ -11,17 +11,19 @@ use pirate_common::{
     tracker::on_packet,
 };
 
-use crate::{config::Config, datapath::Layout, flow::FlowEpoch, report::EpochReport};
+use crate::{
+    config::Config,
+    datapath::{with_modes, Layout},
+    flow::FlowEpoch,
+    report::EpochReport,
+};
 
 /// Replays `path` and writes every epoch's JSON lines to `out`. Returns the reports.
 pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
     let packets = read_pcap(path)?;
     let params = config.params();
     // The same state layout as the daemon's, so the same modes fit.
-    let reports = match Layout::for_modes(config.pirate.modes) {
-        Layout::Compact => run::<{ pirate_common::config::MODES_COMPACT }>(config, &params, &packets),
-        Layout::Wide => run::<{ pirate_common::config::MODES_WIDE }>(config, &params, &packets),
-    };
+    let reports = with_modes!(Layout::for_modes(config.pirate.modes), M => run::<M>(config, &params, &packets));
     for r in &reports {
         r.write_json(out)?;
     }

@@ -62,11 +62,12 @@ pub async fn run(
         let closed = epoch;
         epoch = epoch.wrapping_add(1);
         dp.set_epoch(epoch)?;
+        // Before the table: flows inserted after this read are in the table, not yet counted.
+        let kernel = dp.counters()?;
         let drained = dp.drain(closed)?;
         if drained.inconsistent > 0 {
             warn!(count = drained.inconsistent, "dropped flow copies read mid-update");
         }
-        let kernel = dp.counters()?;
         let report = EpochReport::new(closed, drained.flows, &settings, config.pirate.estimator, json);
         if json {
             report.write_json(&mut std::io::stdout().lock())?;

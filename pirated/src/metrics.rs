@@ -59,6 +59,7 @@ pub struct Metrics {
     flow_latency: Histogram,
     flows_tracked: Gauge,
     flows_active: Gauge,
+    flows_evicted: Counter,
     packets: Family<OutcomeLabel, Counter>,
     records_lost: Counter,
     gaps_discarded: Counter,
@@ -89,6 +90,7 @@ impl Metrics {
             // 50 µs … ~21.6 s, ×1.5 per bucket.
             flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
             flows_tracked: Gauge::default(),
+            flows_evicted: Counter::default(),
             flows_active: Gauge::default(),
             packets: Family::default(),
             records_lost: Counter::default(),
@@ -145,6 +147,11 @@ impl Metrics {
         );
         registry.register("flows_tracked", "Entries in the datapath's flow table", m.flows_tracked.clone());
         registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
+        registry.register(
+            "flows_evicted",
+            "Flow-table entries the LRU table evicted for newer flows; one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
+            m.flows_evicted.clone(),
+        );
         registry.register("packets", "Packets seen by the XDP program, by outcome", m.packets.clone());
         registry.register(
             "epoch_records_lost",
@@ -189,6 +196,10 @@ impl Metrics {
             self.flow_latency.observe(e.estimate_ns / 1e9);
         }
         self.flows_tracked.set(tracked as i64);
+        // pirated never deletes entries: every flow inserted and no longer in the table was
+        // evicted. The counters are read before the table (`epoch::run`), so this never runs ahead.
+        let evicted = kernel[counters::NEW_FLOW as usize].saturating_sub(tracked as u64);
+        self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
         self.flows_active.set(report.flows.len() as i64);
         let outcomes = counters::OUTCOMES as usize;
         for ((now, last), name) in kernel.iter().zip(&self.last_kernel).zip(counters::NAMES).take(outcomes) {

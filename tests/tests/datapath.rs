@@ -223,6 +223,8 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     // 600 distinct flows were each inserted into a 16-entry table: it evicted, never refused.
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}"), 3 * FLOWS);
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"map_full\"}"), 0);
+    // Every flow no longer in the table was evicted, and counted.
+    assert_eq!(metric(&metrics, "pirated_flows_evicted_total"), 3 * FLOWS - tracked);
     Ok(())
 }
 

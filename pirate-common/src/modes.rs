@@ -1,6 +1,7 @@
 //! Pirate Alg. 2: a flow's inter-packet gaps summarised by at most N modes, each the
 //! (min, max, count, sum) of the gaps it holds, kept in ascending order and separated by more
-//! than ε. Stored as parallel arrays so N modes cost 20·N bytes and loops stay verifier-friendly.
+//! than ε, or, with a span cap ([`Epsilon::span`]), adjacent pieces of one such mode. Stored as
+//! parallel arrays so N modes cost 20·N bytes and loops stay verifier-friendly.
 
 /// Sums are kept in units of 2^SUM_SHIFT ns (rounded) so a `u32` holds 68 s of gaps per epoch:
 /// an epoch (≤ 60 s) plus one saturated idle gap. The rounding error is ±8 ns per gap, zero-mean.

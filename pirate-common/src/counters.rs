@@ -21,8 +21,11 @@ pub const EVENT_RECORD_LOST: u32 = 7;
 pub const EVENT_RECORD_SENT: u32 = 8;
 /// Event: nothing sat in `ROOT_ARRAY[0]` (or the tail call failed); the packet went to XDP_PASS.
 pub const EVENT_NO_TAIL_CALL: u32 = 9;
+/// Event: a flow-table entry was inserted (the first packet the table saw of the flow, pure
+/// ACKs included); pirated never deletes entries, so those inserted but gone were evicted.
+pub const EVENT_FLOW_INSERTED: u32 = 10;
 
-pub const COUNT: u32 = 10;
+pub const COUNT: u32 = 11;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -36,6 +39,7 @@ pub const NAMES: [&str; COUNT as usize] = [
     "record_lost",
     "record_sent",
     "no_tail_call",
+    "flow_inserted",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

@@ -29,7 +29,8 @@ pub struct Modes<const M: usize> {
 /// a ≤ b are close when b − a ≤ ε(a): judged at the lower value, which keeps insertion and
 /// merging consistent.
 ///
-/// Beyond the paper, `span` caps how wide a mode may grow: at most `span`·ε at its lower end.
+/// Beyond the paper, `span` caps how wide a mode may grow: at most `span`·ε at its lower end,
+/// unless the table is full (see [`Modes::insert`]).
 /// Alg. 2 lets a mode chain along its own jitter (one request in flight at 5 ms became a single
 /// mode of 5.2–8.5 ms holding 719 gaps), and a mode's min/max/count/sum cannot say where in it
 /// the slowest 1 % lie: that p99 came out 22 % low. Capped, the same gaps fill adjacent narrow
@@ -115,18 +116,25 @@ impl<const M: usize> Modes<M> {
     }
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
-    /// With a span cap, a full table merges two adjacent pieces of one Alg. 2 mode to make
-    /// room before it discards the gap.
+    /// With a span cap, a full table first merges two adjacent pieces of one Alg. 2 mode to
+    /// make room; with none to merge, a gap within ε of a mode widens it past the cap, as Alg. 2
+    /// would, and only a gap near no mode is discarded.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
         let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
         if let Some(placed) = self.place(g, candidate, eps, cap) {
             return placed;
         }
-        if eps.span == 0 || self.used() < 2 || !self.merge_cheapest(eps) {
+        if eps.span == 0 {
             return self.discard();
         }
+        let alg2 = Epsilon { span: 0, ..eps };
         // Room now: g joins the merged mode if that covers it, or opens its own.
-        self.place(g, candidate, eps, cap).unwrap_or_else(|| self.discard())
+        let placed = if self.used() >= 2 && self.merge_cheapest(eps) {
+            self.place(g, candidate, eps, cap)
+        } else {
+            self.place(g, candidate, alg2, cap)
+        };
+        placed.unwrap_or_else(|| self.discard())
     }
 
     fn discard(&mut self) -> Placed {

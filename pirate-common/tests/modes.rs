@@ -50,9 +50,16 @@ proptest! {
             if m.insert(g, cand, eps, max_modes) != Placed::Discarded {
                 counted += 1;
             } else {
-                // Discarded only when full with no pieces of one Alg. 2 mode left to merge.
+                // Discarded only as Alg. 2 discards, a gap near no mode in a full table, and
+                // with no pieces of one Alg. 2 mode left to merge.
                 let len = m.len as usize;
                 prop_assert_eq!(len, max_modes as usize);
+                let near = |i: usize| match g {
+                    g if g < m.min[i] => eps.close(g, m.min[i]),
+                    g if g > m.max[i] => eps.close(m.max[i], g),
+                    _ => true,
+                };
+                prop_assert!(!(0..len).any(near), "{} near a mode of {:?}", g, m);
                 prop_assert!((1..len).all(|i| !eps.close(m.max[i - 1], m.min[i])), "{:?}", m);
             }
             check_invariants(&m, eps, max_modes);
@@ -173,4 +180,22 @@ fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
     assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
     // No pieces of one mode left: Alg. 2 discards.
     assert_eq!(m.insert(5_000, false, eps, 4), Placed::Discarded);
+}
+
+#[test]
+fn a_full_table_with_no_pieces_to_merge_widens_as_alg2_does() {
+    // ε = 10 ns, span 2, three modes far apart: 125 is within ε of the first but beyond its
+    // span, and there is no room: Alg. 2 widens that mode, and so does the capped table.
+    let eps = Epsilon { span: 2, ..E10 };
+    let mut m = Modes::<10>::new();
+    [100, 110, 120, 200, 210, 220, 300, 310, 320].into_iter().for_each(|g| _ = m.insert(g, false, eps, 3));
+    assert_eq!(m.len, 3);
+    assert_eq!(m.insert(125, false, eps, 3), Placed::Joined);
+    assert_eq!((m.min[0], m.max[0], m.count[0]), (100, 125, 4));
+    // A gap near no mode is discarded, as published.
+    assert_eq!(m.insert(160, false, eps, 3), Placed::Discarded);
+    // One mode only (`modes = 1`): near gaps still join it.
+    let mut one = Modes::<10>::new();
+    [100, 110, 120, 130].into_iter().for_each(|g| _ = one.insert(g, false, eps, 1));
+    assert_eq!((one.len, one.min[0], one.max[0], one.count[0], one.discarded), (1, 100, 130, 4, 0));
 }

@@ -134,7 +134,9 @@ fn new_flow<const M: usize>(
     unsafe {
         (*blank).epoch = epoch;
         // EEXIST means another CPU inserted it first: use that one.
-        let _ = flows.insert(key, &*blank, BPF_NOEXIST as u64);
+        if flows.insert(key, &*blank, BPF_NOEXIST as u64).is_ok() {
+            count(counters::EVENT_FLOW_INSERTED);
+        }
     }
     flows.get_ptr_mut(key)
 }

@@ -173,11 +173,12 @@ mod tests {
 
     use super::*;
 
-    /// The kernel reads the break off its mode arrays, pirated off the records it drains: the
-    /// same modes must give the same break either way.
     /// The default ε (100 µs, 5 %) and span cap (2 ε).
     const EPS: Epsilon = Epsilon { abs_ns: 100_000, rel_q20: 52_429, span: 2 };
 
+    /// The kernel reads its δ's break off its mode arrays; the same modes drained into records
+    /// must read the same through `ModeSlice` (the conversion, not the estimator, which reads
+    /// chains).
     #[test]
     fn the_break_is_the_same_from_the_kernel_arrays_and_from_records() {
         let rules = BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: 20_971 };

@@ -198,7 +198,7 @@ impl Metrics {
         self.flows_tracked.set(tracked as i64);
         // pirated never deletes entries: every flow inserted and no longer in the table was
         // evicted. The counters are read before the table (`epoch::run`), so this never runs ahead.
-        let evicted = kernel[counters::NEW_FLOW as usize].saturating_sub(tracked as u64);
+        let evicted = kernel[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(tracked as u64);
         self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
         self.flows_active.set(report.flows.len() as i64);
         let outcomes = counters::OUTCOMES as usize;

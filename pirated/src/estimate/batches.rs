@@ -6,8 +6,9 @@
 //! Here every gap above the break between intra- and inter-batch gaps ends a batch, so the mean
 //! time between batch starts is the epoch's gap time over the number of such gaps. Intra-batch
 //! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
-//! gaps carry a network round trip and the server's time. The break is found in the modes as
-//! `pirate_common::batch_break` says (the datapath's adaptive δ uses the same); with none (one
+//! gaps carry a network round trip and the server's time. The break is found in the chains of
+//! modes as `pirate_common::batch_break` says (the datapath's adaptive δ applies the same rules
+//! to its modes unchained); with none (one
 //! request in flight) every gap ends a batch. Modes holding few of the gaps (a late packet, two
 //! reordered ones) are not sides of the break, so that they do not bridge it; their gaps still
 //! count on whichever side they fall.

@@ -116,9 +116,9 @@ impl<const M: usize> Modes<M> {
     }
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
-    /// With a span cap, a full table first merges two adjacent pieces of one Alg. 2 mode to
-    /// make room; with none to merge, a gap within ε of a mode widens it past the cap, as Alg. 2
-    /// would, and only a gap near no mode is discarded.
+    /// With a span cap, a full table merges two adjacent modes to make room (never two chains
+    /// of them, see [`Self::merge_cheapest`]), so it discards nothing; a single mode
+    /// (`modes = 1`) widens as Alg. 2 does, and discards a gap near no mode, as published.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
         let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
         if let Some(placed) = self.place(g, candidate, eps, cap) {
@@ -127,12 +127,11 @@ impl<const M: usize> Modes<M> {
         if eps.span == 0 {
             return self.discard();
         }
-        let alg2 = Epsilon { span: 0, ..eps };
         // Room now: g joins the merged mode if that covers it, or opens its own.
         let placed = if self.used() >= 2 && self.merge_cheapest(eps) {
             self.place(g, candidate, eps, cap)
         } else {
-            self.place(g, candidate, alg2, cap)
+            self.place(g, candidate, Epsilon { span: 0, ..eps }, cap)
         };
         placed.unwrap_or_else(|| self.discard())
     }
@@ -192,17 +191,20 @@ impl<const M: usize> Modes<M> {
     /// times the gaps it holds (a quantile falls in a mode in proportion to its gaps, and is
     /// placed within it to within its width). Merging by width alone widened a dense mode with
     /// its lone neighbour (a 5 ms service time's 237 gaps spread over 4.7–5.6 ms: p50 −4 %).
-    /// Only modes within ε of each other merge, pieces of one of Alg. 2's modes: a merged
-    /// sparse tail would otherwise bridge two regimes into one chain (the paper's estimate on
-    /// the chains went from −0.0 to +1126 %); with none left, Alg. 2 discards the gap, as
-    /// published. Found by value, not by index: the verifier prunes states that differ in data
-    /// it never branches on, not states that differ in a tracked index (2^M paths). Returns
-    /// whether it merged; needs at least two modes.
+    /// Sparse tail modes merge with each other, not a dense mode over them: Alg. 2's widening
+    /// hid a 1 ms server's tail (p99 −14.7 %), and discarding lost it (−22 to −29 %). Two modes
+    /// further apart than ε merge only if that does not join two chains (each chained to its
+    /// other neighbour within ε): a merged sparse tail bridged two regimes into one chain, and
+    /// the paper's estimate on the chains went from −0.0 to +1126 %. Found by value, not by
+    /// index: the verifier prunes states that differ in data it never branches on, not states
+    /// that differ in a tracked index (2^M paths). Returns whether it merged; needs two modes.
     fn merge_cheapest(&mut self, eps: Epsilon) -> bool {
         let len = self.used();
         // Saturated factors keep the product within a u64 (no 128-bit multiply in BPF).
         let cost = |m: &Self, i: usize| {
-            if !eps.close(m.max[i], m.min[i + 1]) {
+            let chained_below = i >= 1 && eps.close(m.max[i - 1], m.min[i]);
+            let chained_above = i + 2 < len && i + 2 < M && eps.close(m.max[i + 1], m.min[i + 2]);
+            if !eps.close(m.max[i], m.min[i + 1]) && chained_below && chained_above {
                 return u64::MAX;
             }
             let gaps = (m.count[i] as u64 + m.count[i + 1] as u64).min(1 << 24);

@@ -50,17 +50,17 @@ proptest! {
             if m.insert(g, cand, eps, max_modes) != Placed::Discarded {
                 counted += 1;
             } else {
-                // Discarded only as Alg. 2 discards, a gap near no mode in a full table, and
-                // with no pieces of one Alg. 2 mode left to merge.
+                // Discarded only as Alg. 2 discards: a gap near no mode of a full table, which
+                // with a span cap only a single mode can be.
                 let len = m.len as usize;
                 prop_assert_eq!(len, max_modes as usize);
+                prop_assert!(span == 0 || len < 2, "a capped table of {} discarded", len);
                 let near = |i: usize| match g {
                     g if g < m.min[i] => eps.close(g, m.min[i]),
                     g if g > m.max[i] => eps.close(m.max[i], g),
                     _ => true,
                 };
                 prop_assert!(!(0..len).any(near), "{} near a mode of {:?}", g, m);
-                prop_assert!((1..len).all(|i| !eps.close(m.max[i - 1], m.min[i])), "{:?}", m);
             }
             check_invariants(&m, eps, max_modes);
         }
@@ -178,24 +178,32 @@ fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
     // Then the last two pieces of that mode.
     assert_eq!(m.insert(3_000, false, eps, 4), Placed::Opened);
     assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
-    // No pieces of one mode left: Alg. 2 discards.
-    assert_eq!(m.insert(5_000, false, eps, 4), Placed::Discarded);
+    // No pieces of one mode left: two lone modes merge (the cheapest), not the dense one.
+    assert_eq!(m.insert(5_000, false, eps, 4), Placed::Opened);
+    assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 2_000, 2), (3_000, 3_000, 1), (5_000, 5_000, 1)]);
 }
 
 #[test]
-fn a_full_table_with_no_pieces_to_merge_widens_as_alg2_does() {
-    // ε = 10 ns, span 2, three modes far apart: 125 is within ε of the first but beyond its
-    // span, and there is no room: Alg. 2 widens that mode, and so does the capped table.
-    let eps = Epsilon { span: 2, ..E10 };
+fn a_full_table_never_joins_two_chains() {
+    // ε = 10 ns, span 1: two chains, 100–110 (11 gaps) + 111 and 122 + 130–140 (11 gaps), full
+    // at 4. Their lone ends 111 and 122 would be the cheapest union by width × gaps, but would
+    // join the chains into one: the dense piece takes its neighbour instead.
+    let eps = Epsilon { span: 1, ..E10 };
     let mut m = Modes::<10>::new();
-    [100, 110, 120, 200, 210, 220, 300, 310, 320].into_iter().for_each(|g| _ = m.insert(g, false, eps, 3));
-    assert_eq!(m.len, 3);
-    assert_eq!(m.insert(125, false, eps, 3), Placed::Joined);
-    assert_eq!((m.min[0], m.max[0], m.count[0]), (100, 125, 4));
-    // A gap near no mode is discarded, as published.
-    assert_eq!(m.insert(160, false, eps, 3), Placed::Discarded);
-    // One mode only (`modes = 1`): near gaps still join it.
+    (130..=140).chain(100..=110).chain([111, 122]).for_each(|g| _ = m.insert(g, false, eps, 4));
+    let modes = |m: &Modes<10>| (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect::<Vec<_>>();
+    assert_eq!(modes(&m), vec![(100, 110, 11), (111, 111, 1), (122, 122, 1), (130, 140, 11)]);
+    assert_eq!(m.insert(1_000, false, eps, 4), Placed::Opened);
+    assert_eq!(modes(&m), vec![(100, 111, 12), (122, 122, 1), (130, 140, 11), (1_000, 1_000, 1)]);
+}
+
+#[test]
+fn one_mode_widens_as_alg2_does() {
+    // `modes = 1`: nothing to merge, so a gap within ε widens the mode past the span, as Alg. 2
+    // would, and one near no mode is discarded, as published.
+    let eps = Epsilon { span: 2, ..E10 };
     let mut one = Modes::<10>::new();
     [100, 110, 120, 130].into_iter().for_each(|g| _ = one.insert(g, false, eps, 1));
     assert_eq!((one.len, one.min[0], one.max[0], one.count[0], one.discarded), (1, 100, 130, 4, 0));
+    assert_eq!(one.insert(200, false, eps, 1), Placed::Discarded);
 }

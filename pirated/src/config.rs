@@ -36,6 +36,7 @@ pub struct PirateConfig {
     pub min_ibg_gaps: u64,
     pub intra_batch_max: Dur,
     pub min_break_ratio: f64,
+    pub min_break_time_share: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub mark_after_short: bool,
@@ -88,6 +89,7 @@ impl Default for PirateConfig {
             min_ibg_gaps: 2,
             intra_batch_max: Dur(Duration::from_millis(2)),
             min_break_ratio: 3.0,
+            min_break_time_share: 0.25,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             mark_after_short: true,
@@ -155,6 +157,9 @@ impl Config {
         if p.min_break_ratio < 1.0 || !p.min_break_ratio.is_finite() {
             bail!("pirate.min_break_ratio = {}: must be at least 1", p.min_break_ratio);
         }
+        if !(0.0..=1.0).contains(&p.min_break_time_share) {
+            bail!("pirate.min_break_time_share = {}: must be in [0, 1]", p.min_break_time_share);
+        }
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             bail!("pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})", p.intra_batch_max, p.idle_floor);
         }
@@ -202,6 +207,7 @@ impl Config {
             batches: crate::estimate::batches::Break {
                 idle_floor_ns: p.idle_floor.as_nanos(),
                 rules: self.break_rules(),
+                min_upper_time_share: p.min_break_time_share,
                 fixed_ns: match p.batch_gap {
                     AutoOr::Auto => None,
                     AutoOr::Fixed(gap) => Some(gap.as_nanos()),

@@ -96,6 +96,11 @@ proptest! {
 
 const E10: Epsilon = Epsilon::fixed(10);
 
+/// The modes as (min, max, count).
+fn listed(m: &Modes<10>) -> Vec<(u32, u32, u32)> {
+    (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect()
+}
+
 #[test]
 fn merges_bridge_two_modes() {
     let mut m = Modes::<10>::new();
@@ -149,7 +154,7 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
     for g in (100..=160).step_by(5) {
         m.insert(g, false, eps, 10);
     }
-    let modes: Vec<(u32, u32, u32)> = (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect();
+    let modes = listed(&m);
     assert_eq!(modes, vec![(100, 120, 5), (125, 145, 5), (150, 160, 3)]);
     // Uncapped, Alg. 2 chains them.
     let mut alg2 = Modes::<10>::new();
@@ -158,7 +163,7 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
     // Full (3 modes): a far gap gets a mode of its own, and the neighbours whose union is
     // narrowest for the gaps it holds merge.
     assert_eq!(m.insert(1_000, false, eps, 3), Placed::Opened);
-    let modes: Vec<(u32, u32, u32)> = (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect();
+    let modes = listed(&m);
     assert_eq!(modes, vec![(100, 120, 5), (125, 160, 8), (1_000, 1_000, 1)]);
     assert_eq!(m.discarded, 0);
 }
@@ -170,17 +175,16 @@ fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
     let eps = Epsilon { span: 1, ..E10 };
     let mut m = Modes::<10>::new();
     (100..=110).chain([112, 119, 125, 131, 1_000]).for_each(|g| _ = m.insert(g, false, eps, 4));
-    let modes = |m: &Modes<10>| (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect::<Vec<_>>();
-    assert_eq!(modes(&m), vec![(100, 110, 11), (112, 119, 2), (125, 131, 2), (1_000, 1_000, 1)]);
+    assert_eq!(listed(&m), vec![(100, 110, 11), (112, 119, 2), (125, 131, 2), (1_000, 1_000, 1)]);
     // Full: the sparse pieces merge, though the dense one and its neighbour are as narrow.
     assert_eq!(m.insert(2_000, false, eps, 4), Placed::Opened);
-    assert_eq!(modes(&m), vec![(100, 110, 11), (112, 131, 4), (1_000, 1_000, 1), (2_000, 2_000, 1)]);
+    assert_eq!(listed(&m), vec![(100, 110, 11), (112, 131, 4), (1_000, 1_000, 1), (2_000, 2_000, 1)]);
     // Then the last two pieces of that mode.
     assert_eq!(m.insert(3_000, false, eps, 4), Placed::Opened);
-    assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
+    assert_eq!(listed(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
     // No pieces of one mode left: two lone modes merge (the cheapest), not the dense one.
     assert_eq!(m.insert(5_000, false, eps, 4), Placed::Opened);
-    assert_eq!(modes(&m), vec![(100, 131, 15), (1_000, 2_000, 2), (3_000, 3_000, 1), (5_000, 5_000, 1)]);
+    assert_eq!(listed(&m), vec![(100, 131, 15), (1_000, 2_000, 2), (3_000, 3_000, 1), (5_000, 5_000, 1)]);
 }
 
 #[test]
@@ -191,10 +195,9 @@ fn a_full_table_never_joins_two_chains() {
     let eps = Epsilon { span: 1, ..E10 };
     let mut m = Modes::<10>::new();
     (130..=140).chain(100..=110).chain([111, 122]).for_each(|g| _ = m.insert(g, false, eps, 4));
-    let modes = |m: &Modes<10>| (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect::<Vec<_>>();
-    assert_eq!(modes(&m), vec![(100, 110, 11), (111, 111, 1), (122, 122, 1), (130, 140, 11)]);
+    assert_eq!(listed(&m), vec![(100, 110, 11), (111, 111, 1), (122, 122, 1), (130, 140, 11)]);
     assert_eq!(m.insert(1_000, false, eps, 4), Placed::Opened);
-    assert_eq!(modes(&m), vec![(100, 111, 12), (122, 122, 1), (130, 140, 11), (1_000, 1_000, 1)]);
+    assert_eq!(listed(&m), vec![(100, 111, 12), (122, 122, 1), (130, 140, 11), (1_000, 1_000, 1)]);
 }
 
 #[test]

@@ -57,11 +57,7 @@ impl<const M: usize> ModeView for Modes<M> {
         self.used()
     }
     fn count(&self, i: usize) -> u64 {
-        if i < M {
-            self.count[i] as u64
-        } else {
-            0
-        }
+        slot(&self.count, i)
     }
     fn sum_ns(&self, i: usize) -> u64 {
         if i < M {
@@ -71,18 +67,20 @@ impl<const M: usize> ModeView for Modes<M> {
         }
     }
     fn min_ns(&self, i: usize) -> u64 {
-        if i < M {
-            self.min[i] as u64
-        } else {
-            0
-        }
+        slot(&self.min, i)
     }
     fn max_ns(&self, i: usize) -> u64 {
-        if i < M {
-            self.max[i] as u64
-        } else {
-            0
-        }
+        slot(&self.max, i)
+    }
+}
+
+/// Slot `i` of a mode array, 0 beyond it (a bound the verifier sees).
+#[inline(always)]
+fn slot<const M: usize>(a: &[u32; M], i: usize) -> u64 {
+    if i < M {
+        a[i] as u64
+    } else {
+        0
     }
 }
 

@@ -114,6 +114,11 @@ mod tests {
         }
     }
 
+    /// A mode as drained, every gap marked.
+    fn drained(min_ns: u64, max_ns: u64, count: u64, sum_ns: u64) -> Mode {
+        Mode { min_ns, max_ns, count, candidates: count, sum_ns }
+    }
+
     const BREAK: Break = Break {
         idle_floor_ns: 200_000_000,
         rules: BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
@@ -192,9 +197,9 @@ mod tests {
         // Five seconds of web-like traffic with reordering: the intra-batch mode's maximum and
         // the inter-batch mode's minimum are less than 3× apart, their means 16× apart.
         let modes = [
-            Mode { min_ns: 6_000, max_ns: 1_335_000, count: 579, candidates: 579, sum_ns: 199_176_000 },
-            Mode { min_ns: 1_446_000, max_ns: 1_578_000, count: 3, candidates: 3, sum_ns: 4_527_000 },
-            Mode { min_ns: 3_997_000, max_ns: 8_158_000, count: 750, candidates: 750, sum_ns: 4_053_750_000 },
+            drained(6_000, 1_335_000, 579, 199_176_000),
+            drained(1_446_000, 1_578_000, 3, 4_527_000),
+            drained(3_997_000, 8_158_000, 750, 4_053_750_000),
         ];
         assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 750);
     }
@@ -218,10 +223,8 @@ mod tests {
     fn the_gaps_above_a_break_hold_the_time() {
         // One request in flight at 1 ms under scheduling noise: 2 % of the gaps at 3.5–5.9 ms,
         // 8 % of the time. Responses all, not pacing and responses.
-        let noisy = [
-            Mode { min_ns: 1_046_000, max_ns: 1_417_000, count: 3_236, candidates: 3_236, sum_ns: 3_559_600_000 },
-            Mode { min_ns: 3_476_000, max_ns: 5_884_000, count: 71, candidates: 71, sum_ns: 312_400_000 },
-        ];
+        let noisy =
+            [drained(1_046_000, 1_417_000, 3_236, 3_559_600_000), drained(3_476_000, 5_884_000, 71, 312_400_000)];
         assert_eq!(batch_count_mean(&noisy, &BREAK).unwrap().batches, 3_307);
         // Without the rule, the break between them made 71 batches of the 3 307.
         let any = Break { min_upper_time_share: 0.0, ..BREAK };

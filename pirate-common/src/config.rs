@@ -10,6 +10,8 @@ pub const FLAG_ADAPTIVE_DELTA: u32 = 1 << 2;
 /// For TCP, mark a gap as an inter-batch-gap candidate when the client's acknowledgement number
 /// advanced across it (server data arrived), instead of by the short-packet heuristic.
 pub const FLAG_MARK_ACKED: u32 = 1 << 3;
+/// Leave TCP segments that carry no new data (retransmissions) out of the gap stream.
+pub const FLAG_SKIP_RETRANSMISSIONS: u32 = 1 << 4;
 
 /// A flow's δ adapts only from epochs with at least this many gaps: fewer say little.
 pub const MIN_GAPS_FOR_BREAK: u64 = 8;

@@ -15,17 +15,23 @@ pub const UNSUPPORTED: u32 = 4;
 pub const MAP_FULL: u32 = 5;
 /// First packet of a flow: a state was created, there is no gap yet.
 pub const NEW_FLOW: u32 = 6;
+/// A TCP segment carrying only data the client had already sent (a retransmission, or an
+/// original overtaken by a later segment), left out of the gap stream.
+pub const RETRANSMISSION: u32 = 7;
+/// The packet's gap was at or above the idle floor (an idle period, a retransmission timeout):
+/// counted in its flow, kept out of the modes.
+pub const IDLE: u32 = 8;
 /// Event: a flow's finished epoch could not be handed over (ring buffer full).
-pub const EVENT_RECORD_LOST: u32 = 7;
+pub const EVENT_RECORD_LOST: u32 = 9;
 /// Event: a flow's finished epoch was handed over through the ring buffer.
-pub const EVENT_RECORD_SENT: u32 = 8;
+pub const EVENT_RECORD_SENT: u32 = 10;
 /// Event: nothing sat in `ROOT_ARRAY[0]` (or the tail call failed); the packet went to XDP_PASS.
-pub const EVENT_NO_TAIL_CALL: u32 = 9;
+pub const EVENT_NO_TAIL_CALL: u32 = 11;
 /// Event: a flow-table entry was inserted (the first packet the table saw of the flow, pure
 /// ACKs included); pirated never deletes entries, so those inserted but gone were evicted.
-pub const EVENT_FLOW_INSERTED: u32 = 10;
+pub const EVENT_FLOW_INSERTED: u32 = 12;
 
-pub const COUNT: u32 = 11;
+pub const COUNT: u32 = 13;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -36,6 +42,8 @@ pub const NAMES: [&str; COUNT as usize] = [
     "unsupported",
     "map_full",
     "new_flow",
+    "retransmission",
+    "idle",
     "record_lost",
     "record_sent",
     "no_tail_call",
@@ -43,4 +51,4 @@ pub const NAMES: [&str; COUNT as usize] = [
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).
-pub const OUTCOMES: u32 = 7;
+pub const OUTCOMES: u32 = 9;

@@ -12,6 +12,7 @@ pub const FAMILY_V6: u8 = 6;
 /// `FlowState::status` bits.
 pub const STARTED: u8 = 1;
 pub const ACK_SEEN: u8 = 2;
+pub const SEQ_SEEN: u8 = 4;
 
 /// Direction-aware 5-tuple: client→server and server→client are different flows.
 /// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero.
@@ -47,6 +48,8 @@ pub struct FlowState<const M: usize> {
     pub batch_gap_ns: u32,
     /// The highest acknowledgement number the client has sent in the gap stream (TCP).
     pub last_ack: u32,
+    /// The sequence number just past the furthest data the client has sent (TCP).
+    pub high_seq: u32,
     pub samples: u32,
     /// The epoch the measurement fields belong to.
     pub epoch: u32,
@@ -57,8 +60,11 @@ pub struct FlowState<const M: usize> {
     /// Whether the last packet in the gap stream was shorter than full size.
     pub prev_short: u8,
     /// `STARTED`: a packet has entered the gap stream (0 is a valid timestamp in replay);
-    /// `ACK_SEEN`: `last_ack` holds an acknowledgement number (any value, 0 included).
+    /// `ACK_SEEN`: `last_ack` holds an acknowledgement number (any value, 0 included);
+    /// `SEQ_SEEN`: `high_seq` holds a sequence number.
     pub status: u8,
+    /// Gaps of this epoch at or above the idle floor, kept out of the modes.
+    pub idle_gaps: u32,
     pub modes: Modes<M>,
 }
 
@@ -70,12 +76,14 @@ impl<const M: usize> FlowState<M> {
             samples_sum_ns: 0,
             batch_gap_ns: 0,
             last_ack: 0,
+            high_seq: 0,
             samples: 0,
             epoch,
             packets: 0,
             max_payload: 0,
             prev_short: 0,
             status: 0,
+            idle_gaps: 0,
             modes: Modes::new(),
         }
     }
@@ -107,6 +115,7 @@ impl<const M: usize> FlowState<M> {
         self.samples_sum_ns = 0;
         self.samples = 0;
         self.packets = 0;
+        self.idle_gaps = 0;
         self.modes.clear();
     }
 }

@@ -28,6 +28,6 @@ mod pod {
     unsafe impl aya::Pod for EpochRecord<C> {}
     unsafe impl aya::Pod for EpochRecord<W> {}
     const _: () = assert!(size_of::<FlowKey>() == 40 && size_of::<Params>() == 48);
-    const _: () = assert!(size_of::<FlowState<C>>() == 48 + 20 * C + 8);
-    const _: () = assert!(size_of::<FlowState<W>>() == 48 + 20 * W + 8);
+    const _: () = assert!(size_of::<FlowState<C>>() == 56 + 20 * C + 8);
+    const _: () = assert!(size_of::<FlowState<W>>() == 56 + 20 * W + 8);
 }

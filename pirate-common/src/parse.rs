@@ -151,6 +151,7 @@ fn ipv6<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usiz
 #[inline(always)]
 fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
     let ports: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
+    let seq: [u8; 4] = f.read(off + 4).ok_or(Reject::Malformed)?;
     let ack: [u8; 4] = f.read(off + 8).ok_or(Reject::Malformed)?;
     let doff_flags: [u8; 2] = f.read(off + 12).ok_or(Reject::Malformed)?;
     let hdr = ((doff_flags[0] >> 4) as usize) * 4;
@@ -165,7 +166,10 @@ fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     let flags = doff_flags[1];
     let pure_ack = payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
     let ack = (flags & TCP_ACK != 0).then_some(u32::from_be_bytes(ack));
-    Ok(PacketInfo { payload: clamp16(payload), pure_ack, ack })
+    // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number too:
+    // the first one is new (it ends the last batch), a retransmitted one is not.
+    let data_end = u32::from_be_bytes(seq).wrapping_add(payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
+    Ok(PacketInfo { payload: clamp16(payload), pure_ack, ack, data_end })
 }
 
 #[inline(always)]
@@ -176,7 +180,7 @@ fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     }
     key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
     key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
-    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false, ack: None })
+    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false, ack: None, data_end: 0 })
 }
 
 #[inline(always)]

@@ -21,6 +21,17 @@ use proptest::{
 
 /// The acknowledgement number every built TCP segment carries (ACK set or not).
 const ACK_NUMBER: u32 = 0x0506_0708;
+const SEQ_NUMBER: u32 = 0x0102_0304;
+
+/// What the parser reports for a TCP segment built here.
+fn tcp_info(payload: u16, pure_ack: bool, ack: Option<u32>) -> PacketInfo {
+    PacketInfo { payload, pure_ack, ack, data_end: SEQ_NUMBER.wrapping_add(payload as u32) }
+}
+
+/// What the parser reports for a UDP datagram.
+fn udp_info(payload: u16) -> PacketInfo {
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0 }
+}
 const TPID_8021Q: u16 = 0x8100;
 const TPID_8021AD: u16 = 0x88a8;
 const ETH_IPV4: u16 = 0x0800;
@@ -260,14 +271,18 @@ impl Pkt {
 
     /// The transport payload the parser must report: what was put after the transport header.
     fn expected_info(&self) -> PacketInfo {
-        let (pure_ack, ack) = match self.l4 {
-            L4::Tcp { flags, .. } => (
-                self.payload == 0 && flags & ACK != 0 && flags & (SYN | FIN | RST) == 0,
-                (flags & ACK != 0).then_some(ACK_NUMBER),
-            ),
-            _ => (false, None),
-        };
-        PacketInfo { payload: self.payload as u16, pure_ack, ack }
+        match self.l4 {
+            L4::Tcp { flags, .. } => PacketInfo {
+                // A FIN takes a sequence number.
+                data_end: SEQ_NUMBER.wrapping_add(self.payload as u32 + (flags & FIN != 0) as u32),
+                ..tcp_info(
+                    self.payload as u16,
+                    self.payload == 0 && flags & ACK != 0 && flags & (SYN | FIN | RST) == 0,
+                    (flags & ACK != 0).then_some(ACK_NUMBER),
+                )
+            },
+            _ => udp_info(self.payload as u16),
+        }
     }
 
     fn expected_key(&self) -> FlowKey {
@@ -341,7 +356,7 @@ impl Pkt {
                 let hdr = TCP_LEN + options.len();
                 t.extend_from_slice(&SPORT.to_be_bytes());
                 t.extend_from_slice(&DPORT.to_be_bytes());
-                t.extend_from_slice(&0x0102_0304u32.to_be_bytes()); // sequence number
+                t.extend_from_slice(&SEQ_NUMBER.to_be_bytes());
                 t.extend_from_slice(&ACK_NUMBER.to_be_bytes());
                 t.push(((hdr / 4) as u8) << 4);
                 t.push(*flags);
@@ -481,7 +496,7 @@ fn ipv4_udp_key_and_payload() {
         assert_parses(&pkt);
         let (key, info) = parse_bytes(&pkt.build().bytes).unwrap();
         assert_eq!((key.sport, key.dport, key.proto, key.family), (SPORT, DPORT, 17, 4));
-        assert_eq!(info, PacketInfo { payload: payload as u16, pure_ack: false, ack: None });
+        assert_eq!(info, udp_info(payload as u16));
     }
     // IPv4 options in front of UDP.
     assert_parses(&Pkt::udp4(20).ip_options(&IP_OPT_RA));
@@ -493,10 +508,7 @@ fn udp_payload_comes_from_the_ip_length_not_the_udp_length() {
     let pkt = Pkt::udp4(40);
     let mut built = pkt.build();
     set_be16(&mut built.bytes, built.l4 + 4, 9999);
-    assert_eq!(
-        parse_bytes(&built.bytes),
-        Ok((key4(PROTO_UDP), PacketInfo { payload: 40, pure_ack: false, ack: None }))
-    );
+    assert_eq!(parse_bytes(&built.bytes), Ok((key4(PROTO_UDP), udp_info(40))));
 }
 
 #[test]
@@ -506,7 +518,7 @@ fn ethernet_padding_and_trailers_are_not_payload() {
     let pkt = Pkt::tcp4(ACK, 0).trailer(6);
     let built = assert_parses(&pkt);
     assert_eq!(built.bytes.len(), 60);
-    assert_eq!(parse_bytes(&built.bytes).unwrap().1, PacketInfo { payload: 0, pure_ack: true, ack: Some(ACK_NUMBER) });
+    assert_eq!(parse_bytes(&built.bytes).unwrap().1, tcp_info(0, true, Some(ACK_NUMBER)));
 
     // Small data segments, UDP datagrams and IPv6 packets, padded or with a 4-byte FCS.
     for trailer in [1, 4, 6, 26, 200] {
@@ -554,21 +566,20 @@ fn pure_ack_detection() {
             Pkt::tcp6(flags, payload, vec![]),
         ] {
             let (_, info) = parse_bytes(&pkt.build().bytes).unwrap();
+            // A FIN takes a sequence number.
+            let data_end = SEQ_NUMBER.wrapping_add(payload as u32 + (flags & FIN != 0) as u32);
             assert_eq!(
                 info,
-                PacketInfo { payload: payload as u16, pure_ack: pure, ack: (flags & ACK != 0).then_some(ACK_NUMBER) },
+                PacketInfo { data_end, ..tcp_info(payload as u16, pure, (flags & ACK != 0).then_some(ACK_NUMBER)) },
                 "flags {flags:#04x}, payload {payload}"
             );
         }
     }
     // SYN with an MSS option: still not pure (and the option is not payload).
     let pkt = Pkt::tcp4(SYN, 0).tcp_options(&[2, 4, 0x05, 0xb4]);
-    assert_eq!(parse_bytes(&pkt.build().bytes).unwrap().1, PacketInfo { payload: 0, pure_ack: false, ack: None });
+    assert_eq!(parse_bytes(&pkt.build().bytes).unwrap().1, tcp_info(0, false, None));
     // UDP is never a pure ACK, even empty.
-    assert_eq!(
-        parse_bytes(&Pkt::udp4(0).build().bytes).unwrap().1,
-        PacketInfo { payload: 0, pure_ack: false, ack: None }
-    );
+    assert_eq!(parse_bytes(&Pkt::udp4(0).build().bytes).unwrap().1, udp_info(0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -650,7 +661,7 @@ fn ipv6_hop_by_hop_routing_and_destination_options_then_tcp() {
     }
     // A pure ACK behind extension headers is still a pure ACK.
     let (_, info) = parse_bytes(&Pkt::tcp6(ACK, 0, exts.clone()).build().bytes).unwrap();
-    assert_eq!(info, PacketInfo { payload: 0, pure_ack: true, ack: Some(ACK_NUMBER) });
+    assert_eq!(info, tcp_info(0, true, Some(ACK_NUMBER)));
     // And UDP behind them.
     assert_parses(&Pkt::udp6(77, exts));
     // Largest single header the length field allows: (255 + 1) · 8 = 2048 bytes.
@@ -828,14 +839,8 @@ fn ipv4_total_length_inconsistent_with_the_headers() {
     }
     // Exactly the headers: a pure ACK even though 40 data bytes follow in the frame (they are
     // then padding as far as IP is concerned).
-    assert_eq!(
-        with_total(ihl + tcp),
-        Ok((key4(PROTO_TCP), PacketInfo { payload: 0, pure_ack: true, ack: Some(ACK_NUMBER) }))
-    );
-    assert_eq!(
-        with_total(ihl + tcp + 39),
-        Ok((key4(PROTO_TCP), PacketInfo { payload: 39, pure_ack: false, ack: Some(ACK_NUMBER) }))
-    );
+    assert_eq!(with_total(ihl + tcp), Ok((key4(PROTO_TCP), tcp_info(0, true, Some(ACK_NUMBER)))));
+    assert_eq!(with_total(ihl + tcp + 39), Ok((key4(PROTO_TCP), tcp_info(39, false, Some(ACK_NUMBER)))));
 
     // UDP: the segment must hold the 8-byte header.
     let udp = Pkt::udp4(10);
@@ -843,8 +848,8 @@ fn ipv4_total_length_inconsistent_with_the_headers() {
         (IPV4_LEN + 7, Err(Reject::Malformed)),
         (IPV4_LEN + 4, Err(Reject::Malformed)),
         (IPV4_LEN, Err(Reject::Malformed)),
-        (IPV4_LEN + 8, Ok((key4(PROTO_UDP), PacketInfo { payload: 0, pure_ack: false, ack: None }))),
-        (IPV4_LEN + 9, Ok((key4(PROTO_UDP), PacketInfo { payload: 1, pure_ack: false, ack: None }))),
+        (IPV4_LEN + 8, Ok((key4(PROTO_UDP), udp_info(0)))),
+        (IPV4_LEN + 9, Ok((key4(PROTO_UDP), udp_info(1)))),
     ] {
         let mut built = udp.build();
         set_be16(&mut built.bytes, built.l3 + 2, total as u16);
@@ -872,14 +877,8 @@ fn tcp_data_offset_below_five_or_beyond_the_segment_is_malformed() {
     }
     // 28-byte segment (8 data bytes): offsets up to 7 eat into the data, 8 is past the segment.
     let pkt = Pkt::tcp4(ACK, 8);
-    assert_eq!(
-        set_doff(&pkt, 6),
-        Ok((key4(PROTO_TCP), PacketInfo { payload: 4, pure_ack: false, ack: Some(ACK_NUMBER) }))
-    );
-    assert_eq!(
-        set_doff(&pkt, 7),
-        Ok((key4(PROTO_TCP), PacketInfo { payload: 0, pure_ack: true, ack: Some(ACK_NUMBER) }))
-    );
+    assert_eq!(set_doff(&pkt, 6), Ok((key4(PROTO_TCP), tcp_info(4, false, Some(ACK_NUMBER)))));
+    assert_eq!(set_doff(&pkt, 7), Ok((key4(PROTO_TCP), tcp_info(0, true, Some(ACK_NUMBER)))));
     assert_eq!(set_doff(&pkt, 8), Err(Reject::Malformed));
     // The segment length is the IP's, not the frame's: trailing bytes do not make room.
     let pkt = Pkt::tcp4(ACK, 0).trailer(100);
@@ -904,14 +903,8 @@ fn ipv6_extension_headers_longer_than_the_payload_are_malformed() {
     for plen in [ext_len, ext_len + 19] {
         assert_eq!(with_plen(&pkt, plen), Err(Reject::Malformed), "payload length {plen}");
     }
-    assert_eq!(
-        with_plen(&pkt, ext_len + 20),
-        Ok((key6(PROTO_TCP), PacketInfo { payload: 0, pure_ack: true, ack: Some(ACK_NUMBER) }))
-    );
-    assert_eq!(
-        with_plen(&pkt, ext_len + 50),
-        Ok((key6(PROTO_TCP), PacketInfo { payload: 30, pure_ack: false, ack: Some(ACK_NUMBER) }))
-    );
+    assert_eq!(with_plen(&pkt, ext_len + 20), Ok((key6(PROTO_TCP), tcp_info(0, true, Some(ACK_NUMBER)))));
+    assert_eq!(with_plen(&pkt, ext_len + 50), Ok((key6(PROTO_TCP), tcp_info(30, false, Some(ACK_NUMBER)))));
 
     // The overrun is Malformed even when what follows would be Unsupported anyway.
     for exts in [vec![Ext::HopByHop(1)], vec![Ext::HopByHop(1), Ext::Fragment]] {

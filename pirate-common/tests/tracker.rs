@@ -7,8 +7,8 @@
 use pirate_common::{
     batch_break::BreakRules,
     config::{
-        Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS, MAX_GAP_NS,
-        MIN_FULL_PAYLOAD,
+        Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
+        FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
     },
     flow::FlowState,
     modes::{Modes, Placed, SUM_SHIFT},
@@ -40,15 +40,20 @@ fn params(flags: u32) -> Params {
         max_modes: 10,
         mode_span: 0,
         flags,
-        rules: BreakRules { intra_batch_max_ns: 2 * MS, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
+        rules: BreakRules {
+            intra_batch_max_ns: 2 * MS as u32,
+            min_ratio_q10: 3 << 10,
+            min_share_q20: (1 << 20) / 50,
+            straggler_share_q20: (1 << 20) / 20,
+        },
     }
 }
 
 fn data(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: None }
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0 }
 }
 
-const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None };
+const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None, data_end: 0 };
 
 /// A gap as the modes store it: rounded to 2^SUM_SHIFT ns.
 fn rounded(g: u64) -> u64 {
@@ -181,6 +186,54 @@ fn pure_acks_are_skipped_only_with_the_flag() {
     assert_eq!(gap_of(on_packet(&mut st, T0 + 5 * US, data(0), &p)), 5 * US);
 }
 
+/// A TCP segment with `payload` bytes of data ending at sequence number `end`.
+fn segment(payload: u16, end: u32) -> PacketInfo {
+    PacketInfo { payload, pure_ack: false, ack: Some(1), data_end: end }
+}
+
+#[test]
+fn retransmissions_are_skipped_and_their_wait_stays_one_gap() {
+    let p = params(BOTH | FLAG_SKIP_RETRANSMISSIONS);
+    let mut st = St::new(1);
+    // Near the wrap of the sequence space, to check that comparisons are modular.
+    let s = u32::MAX - 150;
+    let steps = feed(
+        &mut st,
+        &p,
+        &[
+            // Two pipelined requests, the first retransmitted 3 ms into the wait for responses.
+            (T0, segment(100, s.wrapping_add(100))),
+            (T0 + 20 * US, segment(100, s.wrapping_add(200))),
+            (T0 + 3 * MS, segment(100, s.wrapping_add(100))),
+            // The next batch, then keepalive probes: one byte behind, or none.
+            (T0 + 6 * MS, segment(100, s.wrapping_add(300))),
+            (T0 + 8 * MS, segment(1, s.wrapping_add(300))),
+            (T0 + 9 * MS, segment(0, s.wrapping_add(299))),
+        ],
+    );
+    let skipped = Step::SkippedRetransmission;
+    assert_eq!(steps.iter().filter(|&&s| s == skipped).count(), 3, "{steps:?}");
+    assert_eq!((steps[2], steps[4], steps[5]), (skipped, skipped, skipped));
+    // The wait for responses is one gap: from the last request to the next batch.
+    assert_eq!(gap_of(steps[3]), 6 * MS - 20 * US);
+    assert_eq!((st.packets, total_count(&st), st.high_seq), (3, 2, s.wrapping_add(300)));
+
+    // Without the flag, the retransmission splits the wait in two.
+    let mut st = St::new(1);
+    let steps = feed(
+        &mut st,
+        &params(BOTH),
+        &[
+            (T0, segment(100, 100)),
+            (T0 + 20 * US, segment(100, 200)),
+            (T0 + 3 * MS, segment(100, 100)),
+            (T0 + 6 * MS, segment(100, 300)),
+        ],
+    );
+    assert_eq!(gap_of(steps[2]), 3 * MS - 20 * US);
+    assert_eq!(total_count(&st), 3);
+}
+
 #[test]
 fn a_pure_ack_before_any_data_leaves_the_flow_untouched() {
     let p = params(FLAG_SKIP_PURE_ACKS);
@@ -262,8 +315,8 @@ fn alg1_samples_at_or_above_the_idle_floor_are_not_summed() {
     assert_eq!((st.samples, st.samples_sum_ns, st.last_batch_ns), (1, floor - 1, t2));
     on_packet(&mut st, t3, data(MSS), &p);
     assert_eq!((st.samples, st.samples_sum_ns, st.last_batch_ns), (1, floor - 1, t3));
-    // The gaps still go to the modes.
-    assert_eq!(total_count(&st), 3);
+    // The gap below the floor goes to the modes; the two at or above it are idle.
+    assert_eq!((total_count(&st), st.idle_gaps), (1, 2));
 
     // An idle floor of 0 sums nothing.
     let p = Params { idle_floor_ns: 0, ..params(0) };
@@ -410,7 +463,7 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
 
 /// A request with acknowledgement number `ack`.
 fn acked(ack: u32) -> PacketInfo {
-    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack) }
+    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack), data_end: 0 }
 }
 
 #[test]
@@ -521,7 +574,8 @@ fn adaptive_delta_takes_the_break_of_the_previous_epoch() {
 
 #[test]
 fn gaps_beyond_u32_saturate_in_the_modes() {
-    let p = Params { epsilon_ns: 0, ..params(0) };
+    // An idle floor beyond them, which pirated's configuration never sets (at most 4 s).
+    let p = Params { epsilon_ns: 0, idle_floor_ns: u64::MAX, ..params(0) };
     let max = MAX_GAP_NS;
     let deltas = [max + 1, 10_000 * MS, max, u64::MAX / 4];
     let mut st = St::new(1);
@@ -534,8 +588,6 @@ fn gaps_beyond_u32_saturate_in_the_modes() {
     }
     assert_eq!(modes(&st), vec![(u32::MAX, u32::MAX, 4, 4)]);
     assert_eq!(st.modes.sum_ns(0), 4 * rounded(max));
-    // All far beyond the 1 s idle floor: batches end, nothing is summed.
-    assert_eq!((st.samples, st.last_batch_ns), (0, t));
 
     // One ns below the saturation point is kept as is.
     let mut st = St::new(1);
@@ -567,7 +619,7 @@ fn a_timestamp_going_backwards_restarts_the_stream() {
     assert_eq!(on_packet(&mut st, u64::MAX, data(MSS), &p), Step::First);
     assert_eq!(on_packet(&mut st, 1, data(MSS), &p), Step::First);
     assert_eq!(gap_of(on_packet(&mut st, 11, data(MSS), &p)), 10);
-    assert_eq!(gap_of(on_packet(&mut st, u64::MAX, data(MSS), &p)), u64::MAX - 11);
+    assert_eq!(on_packet(&mut st, u64::MAX, data(MSS), &p), Step::Idle { gap_ns: u64::MAX - 11 });
 }
 
 #[test]
@@ -787,8 +839,11 @@ proptest! {
             // The acknowledgement number's move (TCP): forward as responses arrive, back when
             // segments are reordered, none (UDP).
             prop::option::of(-2_000i32..5_000),
+            // The move of the end of the segment's data (TCP): forward with new data, back or
+            // none for a retransmission.
+            -2_000i32..5_000,
         ), 1..300),
-        flags in 0u32..16,
+        flags in 0u32..32,
         ack0 in any::<u32>(),
         delta in 0u64..3_000_000,
         floor in 0u64..3_000_000_000,
@@ -809,18 +864,28 @@ proptest! {
         // Model state.
         let (mut last, mut batch, mut max_pl, mut prev_short) = (0u64, 0u64, 0u16, false);
         let (mut entered, mut gaps, mut cands, mut samples, mut sum) = (0u32, 0u64, 0u64, 0u32, 0u64);
+        let mut idle = 0u32;
         let (mut ack_now, mut last_ack) = (ack0, None::<u32>);
-        for &(dt, payload, pure, ack_move) in &pkts {
+        let (mut seq_now, mut high_seq) = (ack0 ^ 0x5555_5555, None::<u32>);
+        for &(dt, payload, pure, ack_move, seq_move) in &pkts {
             t = t.saturating_add_signed(dt);
             let ack = ack_move.map(|m| {
                 ack_now = ack_now.wrapping_add_signed(m);
                 ack_now
             });
-            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack };
+            seq_now = seq_now.wrapping_add_signed(seq_move);
+            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack, data_end: seq_now };
             let step = on_packet(&mut st, t, pkt, &p);
             if pkt.pure_ack && flags & FLAG_SKIP_PURE_ACKS != 0 {
                 prop_assert_eq!(step, Step::SkippedPureAck);
                 continue;
+            }
+            if ack.is_some() && !pkt.pure_ack && flags & FLAG_SKIP_RETRANSMISSIONS != 0 {
+                if high_seq.is_some_and(|h| (seq_now.wrapping_sub(h) as i32) <= 0) {
+                    prop_assert_eq!(step, Step::SkippedRetransmission);
+                    continue;
+                }
+                high_seq = Some(seq_now);
             }
             entered += 1;
             let candidate = match ack {
@@ -845,12 +910,16 @@ proptest! {
             let g = t - last;
             last = t;
             match step {
-                Step::Gap { gap_ns, placed } => {
+                Step::Gap { gap_ns, placed } if g < floor => {
                     prop_assert_eq!(gap_ns, g);
                     if placed != Placed::Discarded {
                         gaps += 1;
                         cands += candidate as u64;
                     }
+                }
+                Step::Idle { gap_ns } if g >= floor => {
+                    prop_assert_eq!(gap_ns, g);
+                    idle += 1;
                 }
                 other => return Err(TestCaseError::fail(format!("{other:?} for a {g} ns gap"))),
             }
@@ -862,7 +931,7 @@ proptest! {
                 batch = t;
             }
         }
-        prop_assert_eq!(st.packets, entered);
+        prop_assert_eq!((st.packets, st.idle_gaps), (entered, idle));
         prop_assert_eq!((st.last_pkt_ns, st.last_batch_ns), (last, batch));
         prop_assert_eq!(st.max_payload, max_pl);
         prop_assert_eq!(st.prev_short != 0, prev_short);

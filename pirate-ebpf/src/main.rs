@@ -116,8 +116,10 @@ fn measure<const M: usize>(ctx: &XdpContext, flows: &LruHashMap<FlowKey, FlowSta
     }
     let outcome = match on_packet(st, now, info, params) {
         pirate_common::tracker::Step::SkippedPureAck => counters::PURE_ACK,
+        pirate_common::tracker::Step::SkippedRetransmission => counters::RETRANSMISSION,
         pirate_common::tracker::Step::First => counters::NEW_FLOW,
         pirate_common::tracker::Step::Gap { .. } => counters::MEASURED,
+        pirate_common::tracker::Step::Idle { .. } => counters::IDLE,
     };
     count(outcome);
 }

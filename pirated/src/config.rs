@@ -36,9 +36,11 @@ pub struct PirateConfig {
     pub min_ibg_gaps: u64,
     pub intra_batch_max: Dur,
     pub min_break_ratio: f64,
+    pub straggler_share: f64,
     pub min_break_time_share: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
+    pub skip_retransmissions: bool,
     pub mark_after_short: bool,
     pub mark_acked: bool,
 }
@@ -89,9 +91,11 @@ impl Default for PirateConfig {
             min_ibg_gaps: 2,
             intra_batch_max: Dur(Duration::from_millis(2)),
             min_break_ratio: 3.0,
+            straggler_share: 0.05,
             min_break_time_share: 0.25,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
+            skip_retransmissions: true,
             mark_after_short: true,
             mark_acked: false,
         }
@@ -174,7 +178,11 @@ impl Config {
         if p.min_ibg_gaps == 0 {
             bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
         }
-        for (key, v) in [("min_mode_share", p.min_mode_share), ("min_time_share", p.min_time_share)] {
+        for (key, v) in [
+            ("min_mode_share", p.min_mode_share),
+            ("min_time_share", p.min_time_share),
+            ("straggler_share", p.straggler_share),
+        ] {
             if !(0.0..1.0).contains(&v) {
                 bail!("pirate.{key} = {v}: must be in [0, 1)");
             }
@@ -186,10 +194,12 @@ impl Config {
     fn break_rules(&self) -> BreakRules {
         let p = &self.pirate;
         BreakRules {
-            intra_batch_max_ns: p.intra_batch_max.as_nanos(),
+            // Below the idle floor, at most 4 s (checked): a u32.
+            intra_batch_max_ns: p.intra_batch_max.as_nanos() as u32,
             min_ratio_q10: (p.min_break_ratio * 1024.0).round() as u32,
             // Rounded down, so that a mode holding exactly `min_mode_share` still qualifies.
             min_share_q20: (p.min_mode_share * (1u64 << 20) as f64).floor() as u32,
+            straggler_share_q20: (p.straggler_share * (1u64 << 20) as f64).floor() as u32,
         }
     }
 
@@ -222,11 +232,15 @@ impl Config {
     pub fn params(&self) -> pirate_common::config::Params {
         use pirate_common::config::{
             Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
+            FLAG_SKIP_RETRANSMISSIONS,
         };
         let p = &self.pirate;
         let mut flags = 0;
         if p.skip_pure_acks {
             flags |= FLAG_SKIP_PURE_ACKS;
+        }
+        if p.skip_retransmissions {
+            flags |= FLAG_SKIP_RETRANSMISSIONS;
         }
         if p.mark_after_short {
             flags |= FLAG_MARK_AFTER_SHORT;

@@ -194,6 +194,13 @@ impl Datapath {
         Ok(program.fd()?.as_fd())
     }
 
+    /// How many instructions the verifier walked to accept the program: it rejects programs
+    /// past 1 000 000, so this is the headroom left for the per-packet code.
+    pub fn verified_instructions(&self) -> anyhow::Result<Option<u32>> {
+        let program: &Xdp = self.ebpf.program(self.layout.program()).unwrap().try_into()?;
+        Ok(program.info()?.verified_instruction_count())
+    }
+
     /// Loads the object's bare `XDP_PASS` program (the baseline of the datapath benchmark).
     pub fn load_bare_pass(&mut self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
         let program: &mut Xdp = self.ebpf.program_mut("bare_pass").unwrap().try_into()?;

@@ -98,6 +98,8 @@ pub struct FlowEpoch {
     /// Ascending by `min_ns`.
     pub modes: Vec<Mode>,
     pub discarded: u64,
+    /// Gaps at or above the idle floor (not in the modes).
+    pub idle_gaps: u64,
     pub packets: u64,
     /// Alg. 1 causal-pair samples below the idle floor.
     pub samples: u64,
@@ -123,6 +125,7 @@ impl FlowEpoch {
                 })
                 .collect(),
             discarded: m.discarded as u64,
+            idle_gaps: st.idle_gaps as u64,
             packets: st.packets as u64,
             samples: st.samples as u64,
             samples_sum_ns: st.samples_sum_ns,
@@ -181,7 +184,12 @@ mod tests {
     /// chains).
     #[test]
     fn the_break_is_the_same_from_the_kernel_arrays_and_from_records() {
-        let rules = BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: 20_971 };
+        let rules = BreakRules {
+            intra_batch_max_ns: 2_000_000,
+            min_ratio_q10: 3 << 10,
+            min_share_q20: 20_971,
+            straggler_share_q20: 52_428,
+        };
         // Pacing, reorder-stretched gaps, responses, a rare slow one and an idle gap.
         let stream: Vec<u32> = (0..400u32)
             .map(|i| match i % 8 {

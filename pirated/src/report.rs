@@ -96,6 +96,7 @@ impl EpochReport {
                 packets: f.packets,
                 modes: f.modes.iter().map(|m| [m.min_ns, m.max_ns, m.count, m.candidates, m.sum_ns]).collect(),
                 discarded: f.discarded,
+                idle_gaps: f.idle_gaps,
             };
             serde_json::to_writer(&mut *out, &line)?;
             out.write_all(b"\n")?;
@@ -195,6 +196,8 @@ struct FlowLine {
     /// The flow's modes, ascending: [min_ns, max_ns, count, candidates, sum_ns].
     modes: Vec<[u64; 5]>,
     discarded: u64,
+    /// Gaps at or above the idle floor (idle periods, retransmission timeouts), not in `modes`.
+    idle_gaps: u64,
 }
 
 #[derive(Serialize)]

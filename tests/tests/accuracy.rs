@@ -242,6 +242,14 @@ fn quantile_misses(lines: &[Value], server: &str, run: &WebRun) -> Vec<String> {
             misses.push(format!("{server} p{}: {:+.2} %", q * 100.0, err * 100.0));
         }
     }
+    if !misses.is_empty() {
+        // What a miss needs to be understood: the modes the quantiles came from, and the tail.
+        lines.iter().filter(|l| l["server"] == server).for_each(|l| eprintln!("  {l}"));
+        let mut tail: Vec<f64> = run.batches.iter().map(|b| b.1.as_secs_f64() * 1e3).collect();
+        tail.sort_by(|a, b| b.total_cmp(a));
+        tail.truncate(tail.len() / 50 + 1);
+        eprintln!("  the client's slowest 2 % (ms): {tail:.3?}");
+    }
     misses
 }
 

@@ -68,6 +68,12 @@ pub fn batch_count_mean(chains: &[Mode], b: &Break) -> Option<FlowEstimate> {
     estimate(kept, ends)
 }
 
+/// Whether `modes` show a break between intra- and inter-batch gaps (a fixed one counts).
+pub fn breaks(modes: &[Mode], b: &Break) -> bool {
+    let kept = kept(modes, b);
+    break_at(kept, batch_break::gaps::<_, MODES_WIDE>(&ModeSlice(kept), kept.len()), b) > 0
+}
+
 /// The mean time between batch starts when the modes' marks say which gaps held a response:
 /// gaps across which the client's acknowledgement number advanced (TCP, `mark_acked`), whatever
 /// their length. Read off the modes as they are: marks need no break.
@@ -121,7 +127,12 @@ mod tests {
 
     const BREAK: Break = Break {
         idle_floor_ns: 200_000_000,
-        rules: BreakRules { intra_batch_max_ns: 2_000_000, min_ratio_q10: 3 << 10, min_share_q20: (1 << 20) / 50 },
+        rules: BreakRules {
+            intra_batch_max_ns: 2_000_000,
+            min_ratio_q10: 3 << 10,
+            min_share_q20: (1 << 20) / 50,
+            straggler_share_q20: (1 << 20) / 20,
+        },
         min_upper_time_share: 0.25,
         fixed_ns: None,
     };
@@ -178,10 +189,14 @@ mod tests {
         let modes = [mode(300.0, 0.98, 90), mode(1_000.0, 0.2, 35), mode(2_031.0, 0.0, 1), mode(6_000.0, 0.3, 170)];
         let est = batch_count_mean(&modes, &BREAK).unwrap();
         assert_eq!(est.batches, 170);
-        // Counted as significant, the lone gap leaves no break 3× wide below 6 ms: the highest
-        // left is below 1 ms, and the reordered gaps become batches.
+        // Even counted as significant, the lone gap is a straggler (thin, less than 3× above the
+        // 1 ms mode): the break stays below 6 ms. Were it the lower side, there would be no
+        // break 3× wide below 6 ms, the highest left would be below 1 ms, and the reordered
+        // gaps would become batches (206).
         let all = Break { rules: BreakRules { min_share_q20: 0, ..BREAK.rules }, ..BREAK };
-        assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 206);
+        assert_eq!(batch_count_mean(&modes, &all).unwrap().batches, 170);
+        let no_stragglers = BreakRules { min_share_q20: 0, straggler_share_q20: 0, ..BREAK.rules };
+        assert_eq!(batch_count_mean(&modes, &Break { rules: no_stragglers, ..BREAK }).unwrap().batches, 206);
     }
 
     #[test]

@@ -153,6 +153,10 @@ fn main() -> Result<()> {
         "epoch drain of {tracked} flows: {:.1} ms (BPF_MAP_LOOKUP_BATCH, includes a 1 ms grace period)",
         drain.as_secs_f64() * 1e3
     );
+    match dp.verified_instructions()? {
+        Some(n) => println!("verifier: {n} of its 1000000 instructions walked to accept the program"),
+        None => println!("verifier: the kernel does not report the instructions it walked"),
+    }
     println!(
         "packets: {} measured, {} new flows, {} map full",
         counters[pirate_common::counters::MEASURED as usize],

@@ -40,6 +40,9 @@ pub struct Links {
     pub client_side: bool,
     /// The direct return link: response delay (`ab` = server→client).
     pub return_path: bool,
+    /// vp → server: loss after the vantage point, which sees the original and the
+    /// retransmission (`ab` = vp→server).
+    pub server_side: bool,
 }
 
 /// pirated's default idle floor: batches stalled by a retransmission timeout are not response
@@ -52,6 +55,7 @@ pub struct OnePoint {
     pub server: Netns,
     pub client_side: Option<EmuLink>,
     pub return_path: Option<EmuLink>,
+    pub server_side: Option<EmuLink>,
 }
 
 impl OnePoint {
@@ -79,7 +83,7 @@ impl OnePoint {
             }
         };
         let client_side = link(links.client_side, &client, "c-vp", &vp, VP_CLIENT_IF)?;
-        veth(&vp, "vp-s", &server, "s-vp")?;
+        let server_side = link(links.server_side, &vp, "vp-s", &server, "s-vp")?;
         let return_path = link(links.return_path, &server, "s-c", &client, "c-s")?;
         for (ns, ifs) in [(&client, ["c-vp", "c-s"]), (&vp, [VP_CLIENT_IF, "vp-s"]), (&server, ["s-vp", "s-c"])] {
             ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
@@ -108,7 +112,7 @@ impl OnePoint {
         client.route("fd00:201:2::/64", "fd00:201:1::2")?;
         server.route("10.201.1.0/24", "10.201.3.1")?;
         server.route("fd00:201:1::/64", "fd00:201:3::1")?;
-        Ok(OnePoint { client, vp, server, client_side, return_path })
+        Ok(OnePoint { client, vp, server, client_side, return_path, server_side })
     }
 }
 

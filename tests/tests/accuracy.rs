@@ -102,7 +102,7 @@ fn web_like_with_loss_and_reordering() -> Result<()> {
 /// path; returns each connection's |relative error| from the batches estimator (the paper's is
 /// printed beside it).
 fn web_like(client_side: &LinkSpec, response_delay: Duration) -> Result<Vec<f64>> {
-    let tb = OnePoint::with(Links { return_path: true, client_side: true })?;
+    let tb = OnePoint::with(Links { return_path: true, client_side: true, ..Links::default() })?;
     let _nginx = nginx(&tb.server, WEB_FILES)?;
     let ret = tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(response_delay), &LinkSpec::default(), 7)?;
     let fwd = tb.client_side.as_ref().unwrap().start(client_side, &LinkSpec::default(), 11)?;

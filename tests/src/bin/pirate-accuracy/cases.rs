@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context, Result};
 use pirate_tests::{
     clients::{h2load, redis_benchmark, wrk, ClientLatency},
-    linkem::LinkSpec,
+    linkem::{EmuLink, LinkSpec},
     servers::{nginx, nginx_h2, redis, think_time_http, WEB_FILES},
     testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
@@ -57,6 +57,8 @@ pub struct Case {
     return_delay_ms: Option<u64>,
     /// Impairments client→vp, before pirated sees the packets.
     client_side: Option<&'static str>,
+    /// Impairments vp→server, after pirated saw the packets.
+    server_side: Option<&'static str>,
     ipv6: bool,
 }
 
@@ -84,6 +86,7 @@ pub fn all() -> Vec<Case> {
         client,
         return_delay_ms: delay,
         client_side: None,
+        server_side: None,
         ipv6: false,
     };
     let mut cases = Vec::new();
@@ -116,6 +119,15 @@ pub fn all() -> Vec<Case> {
             Some(4),
         )
     });
+    cases.push(Case {
+        server_side: Some("loss=0.01"),
+        ..case(
+            "1 % loss after the vp, 4 ms, web-like 8 conns".into(),
+            nginx,
+            Client::Web { conns: 8, web_like: true },
+            Some(4),
+        )
+    });
     cases.push(Case { ipv6: true, ..case("IPv6 steady 5 ms, web 1 in flight".into(), nginx, one, Some(5)) });
     cases
 }
@@ -127,6 +139,7 @@ impl Case {
         let tb = OnePoint::with(Links {
             return_path: self.return_delay_ms.is_some(),
             client_side: self.client_side.is_some(),
+            server_side: self.server_side.is_some(),
         })?;
         let port = match self.server {
             Server::Nginx { .. } => 80,
@@ -152,10 +165,12 @@ impl Case {
             }
             _ => None,
         };
-        let _client_side = match (self.client_side, &tb.client_side) {
-            (Some(spec), Some(link)) => Some(link.start(&spec.parse()?, &LinkSpec::default(), 11)?),
-            _ => None,
+        let side = |spec: Option<&str>, link: &Option<EmuLink>, seed| match (spec, link) {
+            (Some(spec), Some(link)) => link.start(&spec.parse()?, &LinkSpec::default(), seed).map(Some),
+            _ => Ok(None),
         };
+        let _client_side = side(self.client_side, &tb.client_side, 11)?;
+        let _server_side = side(self.server_side, &tb.server_side, 13)?;
         // One epoch longer than the run: pirated emits it, partial, when stopped, so the mean and
         // the quantiles cover the whole run.
         let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("epoch = \"{}s\"\n{config}", secs + 10))?;

@@ -9,10 +9,10 @@
 //! under `straggler_share` of the gaps, less than `min_ratio` above the lower side: a busy
 //! client's late writes) does not become the lower side, and falls on it. Otherwise a 2.6 %
 //! mode at 2.2–4.2 ms between 1 ms pacing and 4.5 ms responses (ratios 2.7 and 1.7) hid the
-//! break, the 1 ms gaps ended batches, and the mean was 17 % low. The highest, not the widest: reordering by Δ
-//! stretches some intra-batch gaps from µs to ~Δ, a mode whose break from the µs ones can be
-//! wider than its break from the inter-batch gaps (0.18 → 0.83 ms against 1.13 → 4.1 ms with
-//! Δ = 1 ms), and those gaps are still inside batches. Means, not extremes: extremes drift apart
+//! break, the 1 ms gaps ended batches, and the mean was 17 % low. The highest, not the widest:
+//! reordering by Δ stretches some intra-batch gaps from µs to ~Δ, a mode whose break from the µs
+//! ones can be wider than its break from the inter-batch gaps (0.18 → 0.83 ms against 1.13 →
+//! 4.1 ms with Δ = 1 ms), and those gaps are still inside batches. Means, not extremes: extremes drift apart
 //! as an epoch collects gaps (in a 5 s epoch, 1.34 → 4.0 ms: a ratio of 2.99, while the means
 //! were 0.34 and 5.4 ms). The first mode above the last significant one is a side too, so that a
 //! few long batches after many short gaps still form a break, but only if it also stands

@@ -101,6 +101,16 @@ fn listed(m: &Modes<10>) -> Vec<(u32, u32, u32)> {
     (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect()
 }
 
+/// ε = 10 ns, a mode at most one ε wide.
+const SPAN1: Epsilon = Epsilon { span: 1, ..E10 };
+
+/// A table of at most 4 modes under [`SPAN1`], fed `gaps`.
+fn four_capped(gaps: impl IntoIterator<Item = u32>) -> Modes<10> {
+    let mut m = Modes::<10>::new();
+    gaps.into_iter().for_each(|g| _ = m.insert(g, false, SPAN1, 4));
+    m
+}
+
 #[test]
 fn merges_bridge_two_modes() {
     let mut m = Modes::<10>::new();
@@ -172,18 +182,16 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
 fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
     // ε = 10 ns, span 1: pieces of one Alg. 2 mode, a dense one (100–110 ns, 11 gaps) and two
     // sparse ones (112–119, 125–131) chained on to it through ε.
-    let eps = Epsilon { span: 1, ..E10 };
-    let mut m = Modes::<10>::new();
-    (100..=110).chain([112, 119, 125, 131, 1_000]).for_each(|g| _ = m.insert(g, false, eps, 4));
+    let mut m = four_capped((100..=110).chain([112, 119, 125, 131, 1_000]));
     assert_eq!(listed(&m), vec![(100, 110, 11), (112, 119, 2), (125, 131, 2), (1_000, 1_000, 1)]);
     // Full: the sparse pieces merge, though the dense one and its neighbour are as narrow.
-    assert_eq!(m.insert(2_000, false, eps, 4), Placed::Opened);
+    assert_eq!(m.insert(2_000, false, SPAN1, 4), Placed::Opened);
     assert_eq!(listed(&m), vec![(100, 110, 11), (112, 131, 4), (1_000, 1_000, 1), (2_000, 2_000, 1)]);
     // Then the last two pieces of that mode.
-    assert_eq!(m.insert(3_000, false, eps, 4), Placed::Opened);
+    assert_eq!(m.insert(3_000, false, SPAN1, 4), Placed::Opened);
     assert_eq!(listed(&m), vec![(100, 131, 15), (1_000, 1_000, 1), (2_000, 2_000, 1), (3_000, 3_000, 1)]);
     // No pieces of one mode left: two lone modes merge (the cheapest), not the dense one.
-    assert_eq!(m.insert(5_000, false, eps, 4), Placed::Opened);
+    assert_eq!(m.insert(5_000, false, SPAN1, 4), Placed::Opened);
     assert_eq!(listed(&m), vec![(100, 131, 15), (1_000, 2_000, 2), (3_000, 3_000, 1), (5_000, 5_000, 1)]);
 }
 
@@ -192,11 +200,9 @@ fn a_full_table_never_joins_two_chains() {
     // ε = 10 ns, span 1: two chains, 100–110 (11 gaps) + 111 and 122 + 130–140 (11 gaps), full
     // at 4. Their lone ends 111 and 122 would be the cheapest union by width × gaps, but would
     // join the chains into one: the dense piece takes its neighbour instead.
-    let eps = Epsilon { span: 1, ..E10 };
-    let mut m = Modes::<10>::new();
-    (130..=140).chain(100..=110).chain([111, 122]).for_each(|g| _ = m.insert(g, false, eps, 4));
+    let mut m = four_capped((130..=140).chain(100..=110).chain([111, 122]));
     assert_eq!(listed(&m), vec![(100, 110, 11), (111, 111, 1), (122, 122, 1), (130, 140, 11)]);
-    assert_eq!(m.insert(1_000, false, eps, 4), Placed::Opened);
+    assert_eq!(m.insert(1_000, false, SPAN1, 4), Placed::Opened);
     assert_eq!(listed(&m), vec![(100, 111, 12), (122, 122, 1), (130, 140, 11), (1_000, 1_000, 1)]);
 }
 

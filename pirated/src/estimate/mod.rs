@@ -46,13 +46,17 @@ impl Settings {
         let b = &self.batches;
         let batches = if self.acked_marks && flow.key.proto == IPPROTO_TCP {
             batches::marked(&flow.modes, b)
-        } else if batches::breaks(&chains.modes, b) || !batches::breaks(&flow.modes, b) {
-            on_chains(batches::batch_count_mean(&chains.modes, b))
         } else {
-            // Over a long epoch of spread gaps (reordering, loss), the span-capped modes can
-            // fill every interval and chain into one: only the narrow ones still show the break
-            // (a 5 s epoch with 1 % loss and 25 % reordering read 12 % low without it).
-            batches::batch_count_mean(&flow.modes, b)
+            match batches::with_break(&chains.modes, b) {
+                (est, true) => on_chains(est),
+                // Over a long epoch of spread gaps (reordering, loss), the span-capped modes can
+                // fill every interval and chain into one: only the narrow ones still show the
+                // break (a 5 s epoch with 1 % loss and 25 % reordering read 12 % low without it).
+                (chained, false) => match batches::with_break(&flow.modes, b) {
+                    (narrow, true) => narrow,
+                    (_, false) => on_chains(chained),
+                },
+            }
         };
         (on_chains(pirate::proportional_mode_sum(&chains.modes, &self.paper)), batches)
     }

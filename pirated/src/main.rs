@@ -145,10 +145,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding the metrics listener on {}", config.metrics.listen))?;
         tracing::info!(listen = %config.metrics.listen, "serving /metrics");
+        let shutdown = shutdown_signal()?;
         let mut dp = Datapath::attach(&config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let json = args.output == Some(Output::Json);
-        let result = epoch::run(&config, &mut dp, metrics, json, shutdown_signal()).await;
+        let result = epoch::run(&config, &mut dp, metrics, json, shutdown).await;
         server.abort();
         tracing::info!("detaching");
         drop(dp);
@@ -156,11 +157,17 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT. The handlers are installed here, before attaching: a signal that arrives
+/// right after "attached" is logged must still detach and unpin cleanly, not take the default
+/// action and kill the process.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }

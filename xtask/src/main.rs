@@ -96,12 +96,13 @@ fn main() -> Result<()> {
             // Testbed tests spawn pirated and the link emulator from target/debug.
             run(&mut cargo(&["build", "--workspace", "--bins", "--quiet"]))?;
             // One test at a time: testbeds share two CPUs, and accuracy tests need them quiet.
-            // Uncaptured, so the log shows every accuracy figure next to its bound.
-            run(cargo(&["test", "--workspace", "--no-fail-fast"]).args(&args).args([
-                "--",
-                "--test-threads=1",
-                "--nocapture",
-            ]))
+            // Uncaptured, so the log shows every accuracy figure next to its bound. No
+            // backtraces: a failing test's message must stay at the tail of its output.
+            run(cargo(&["test", "--workspace", "--no-fail-fast"])
+                .args(&args)
+                .args(["--", "--test-threads=1", "--nocapture"])
+                .env("RUST_BACKTRACE", "0")
+                .env("RUST_LIB_BACKTRACE", "0"))
         }
         Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
         // The testbed runs pirated and the link emulator from next to the benchmark binary.

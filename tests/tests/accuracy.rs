@@ -270,7 +270,9 @@ fn steady_mean_and_quantiles() -> Result<()> {
         )?;
         let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, WHOLE_RUN)?;
         let stream = tb.client.run_in(|| std::net::TcpStream::connect((SERVER_IP, 80)))??;
-        let run = webclient::run(stream, SERVER_IP, "small", &[], Duration::from_secs(4), delay_ms)?;
+        // At least 500 requests, so that the client's p99 is not one or two stragglers.
+        let length = Duration::from_secs(4).max(Duration::from_millis(500 * delay_ms));
+        let run = webclient::run(stream, SERVER_IP, "small", &[], length, delay_ms)?;
         let lines = pirated.stop()?;
         emu.stop()?;
         dump(&lines);

@@ -23,9 +23,14 @@ use proptest::{
 const ACK_NUMBER: u32 = 0x0506_0708;
 const SEQ_NUMBER: u32 = 0x0102_0304;
 
-/// What the parser reports for a TCP segment built here.
+/// What the parser reports for a TCP segment built here, without FIN.
 fn tcp_info(payload: u16, pure_ack: bool, ack: Option<u32>) -> PacketInfo {
-    PacketInfo { payload, pure_ack, ack, data_end: SEQ_NUMBER.wrapping_add(payload as u32) }
+    PacketInfo { payload, pure_ack, ack, data_end: data_end(payload, 0) }
+}
+
+/// The sequence number just past a built segment's data: a FIN takes a number too.
+fn data_end(payload: u16, flags: u8) -> u32 {
+    SEQ_NUMBER.wrapping_add(payload as u32 + (flags & FIN != 0) as u32)
 }
 
 /// What the parser reports for a UDP datagram.
@@ -273,8 +278,7 @@ impl Pkt {
     fn expected_info(&self) -> PacketInfo {
         match self.l4 {
             L4::Tcp { flags, .. } => PacketInfo {
-                // A FIN takes a sequence number.
-                data_end: SEQ_NUMBER.wrapping_add(self.payload as u32 + (flags & FIN != 0) as u32),
+                data_end: data_end(self.payload as u16, flags),
                 ..tcp_info(
                     self.payload as u16,
                     self.payload == 0 && flags & ACK != 0 && flags & (SYN | FIN | RST) == 0,
@@ -566,11 +570,12 @@ fn pure_ack_detection() {
             Pkt::tcp6(flags, payload, vec![]),
         ] {
             let (_, info) = parse_bytes(&pkt.build().bytes).unwrap();
-            // A FIN takes a sequence number.
-            let data_end = SEQ_NUMBER.wrapping_add(payload as u32 + (flags & FIN != 0) as u32);
             assert_eq!(
                 info,
-                PacketInfo { data_end, ..tcp_info(payload as u16, pure, (flags & ACK != 0).then_some(ACK_NUMBER)) },
+                PacketInfo {
+                    data_end: data_end(payload as u16, flags),
+                    ..tcp_info(payload as u16, pure, (flags & ACK != 0).then_some(ACK_NUMBER))
+                },
                 "flags {flags:#04x}, payload {payload}"
             );
         }

@@ -27,6 +27,12 @@ pub struct Mode {
 }
 
 impl Mode {
+    /// A mode as drained with every gap marked (tests build modes from dumps this way).
+    #[cfg(test)]
+    pub fn all_marked(min_ns: u64, max_ns: u64, count: u64, sum_ns: u64) -> Mode {
+        Mode { min_ns, max_ns, count, candidates: count, sum_ns }
+    }
+
     pub fn mean_ns(&self) -> f64 {
         self.sum_ns as f64 / self.count.max(1) as f64
     }

@@ -8,10 +8,9 @@
 //! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
 //! gaps carry a network round trip and the server's time. The break is found in the chains of
 //! modes as `pirate_common::batch_break` says (the datapath's adaptive δ applies the same rules
-//! to its modes unchained); with none (one
-//! request in flight) every gap ends a batch. Modes holding few of the gaps (a late packet, two
-//! reordered ones) are not sides of the break, so that they do not bridge it; their gaps still
-//! count on whichever side they fall.
+//! to its modes unchained); with none (one request in flight) every gap ends a batch. Modes
+//! holding few of the gaps (a late packet, two reordered ones) are not sides of the break, so
+//! that they do not bridge it; their gaps still count on whichever side they fall.
 
 use pirate_common::{
     batch_break::{self, BreakRules},
@@ -96,18 +95,8 @@ mod tests {
 
     fn mode(mean_us: f64, spread: f64, count: u64) -> Mode {
         let ns = mean_us * 1000.0;
-        Mode {
-            min_ns: (ns * (1.0 - spread)) as u64,
-            max_ns: (ns * (1.0 + spread)) as u64,
-            count,
-            candidates: count,
-            sum_ns: (ns * count as f64) as u64,
-        }
-    }
-
-    /// A mode as drained, every gap marked.
-    fn drained(min_ns: u64, max_ns: u64, count: u64, sum_ns: u64) -> Mode {
-        Mode { min_ns, max_ns, count, candidates: count, sum_ns }
+        let (min_ns, max_ns) = ((ns * (1.0 - spread)) as u64, (ns * (1.0 + spread)) as u64);
+        Mode::all_marked(min_ns, max_ns, count, (ns * count as f64) as u64)
     }
 
     const BREAK: Break = Break {
@@ -197,9 +186,9 @@ mod tests {
         // Five seconds of web-like traffic with reordering: the intra-batch mode's maximum and
         // the inter-batch mode's minimum are less than 3× apart, their means 16× apart.
         let modes = [
-            drained(6_000, 1_335_000, 579, 199_176_000),
-            drained(1_446_000, 1_578_000, 3, 4_527_000),
-            drained(3_997_000, 8_158_000, 750, 4_053_750_000),
+            Mode::all_marked(6_000, 1_335_000, 579, 199_176_000),
+            Mode::all_marked(1_446_000, 1_578_000, 3, 4_527_000),
+            Mode::all_marked(3_997_000, 8_158_000, 750, 4_053_750_000),
         ];
         assert_eq!(batch_count_mean(&modes, &BREAK).unwrap().batches, 750);
     }
@@ -223,8 +212,10 @@ mod tests {
     fn the_gaps_above_a_break_hold_the_time() {
         // One request in flight at 1 ms under scheduling noise: 2 % of the gaps at 3.5–5.9 ms,
         // 8 % of the time. Responses all, not pacing and responses.
-        let noisy =
-            [drained(1_046_000, 1_417_000, 3_236, 3_559_600_000), drained(3_476_000, 5_884_000, 71, 312_400_000)];
+        let noisy = [
+            Mode::all_marked(1_046_000, 1_417_000, 3_236, 3_559_600_000),
+            Mode::all_marked(3_476_000, 5_884_000, 71, 312_400_000),
+        ];
         assert_eq!(batch_count_mean(&noisy, &BREAK).unwrap().batches, 3_307);
         // Without the rule, the break between them made 71 batches of the 3 307.
         let any = Break { min_upper_time_share: 0.0, ..BREAK };

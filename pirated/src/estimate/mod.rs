@@ -129,8 +129,9 @@ mod tests {
     use crate::{config::Config, flow::Mode};
 
     /// One request in flight at ~5.3 ms with a 3 % tail spread thinly over 5.6–8.6 ms (a slow
-    /// path of the server, scheduling delays), through the datapath's modes with and without the span cap: the estimators read
-    /// the same mean off both; the p99, inside the tail, only the capped modes can place.
+    /// path of the server, scheduling delays), through the datapath's modes with and without
+    /// the span cap: the estimators read the same mean off both; the p99, inside the tail, only
+    /// the capped modes can place.
     #[test]
     fn a_span_cap_places_the_tail_and_leaves_the_means_alone() {
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -175,9 +176,11 @@ mod tests {
         assert!(err(capped.3) < 0.05, "capped p99 {} vs {truth}", capped.3);
         assert!(err(capped.3) < err(alg2.3), "p99: Alg. 2 {} capped {} truth {truth}", alg2.3, capped.3);
     }
+
     /// A 5 s epoch of one web-like connection under 1 % loss and 25 % reordering, as drained
-    /// (min, max, count, sum; its 6 idle gaps left out): the span-capped modes fill every interval, so their chains join
-    /// into one and show no break, while the narrow modes show it below 4.17 ms.
+    /// (min, max, count, sum; its 6 idle gaps left out): the span-capped modes fill every
+    /// interval, so their chains join into one and show no break, while the narrow modes show
+    /// it below 4.17 ms.
     #[test]
     fn the_narrow_modes_give_the_break_when_the_chains_join_into_one() {
         let drained: [(u64, u64, u64, u64); 9] = [
@@ -193,7 +196,7 @@ mod tests {
         ];
         let modes: Vec<Mode> = drained
             .iter()
-            .map(|&(min_ns, max_ns, count, sum_ns)| Mode { min_ns, max_ns, count, candidates: count, sum_ns })
+            .map(|&(min_ns, max_ns, count, sum_ns)| Mode::all_marked(min_ns, max_ns, count, sum_ns))
             .collect();
         let settings = Config::default().estimation();
         assert_eq!(Chains::new(&modes, settings.epsilon).modes.len(), 1, "one chain");

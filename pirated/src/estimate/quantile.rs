@@ -12,13 +12,15 @@
 //! or the maximum-entropy exponential from the minimum, put the bulk too low and the tail too
 //! heavy: p90 +10 % and +5 % there, against +3 % for this shape. With the span cap
 //! (`pirate_common::modes::Epsilon::span`) modes are at most `mode_span` ε wide (default 2)
-//! unless a full table had to merge or widen them, so the shape matters little: the modes' counts place the tail (a thin tail over 5.6–8.6 ms behind a 5.3 ms bulk:
-//! p99 −26.6 % from Alg. 2's one chained mode, +0.1 % from the capped ones). Wherever the gaps really are
-//! inside their modes, each quantile lies between `lower_ns` and `upper_ns`: the quantiles of the
-//! modes' minima and maxima. The error from the gaps' spread is thus at most the width of the
-//! mode (or modes) the quantile falls in; estimate and bounds share the one approximation that
-//! every batch spends its flow's mean time inside a batch (exact with one request in flight). Cost: about 1 µs per flow and batch-ending mode of the server, per epoch
-//! (130–190 ms for 64 K flows of two modes each, on this 2-core machine).
+//! unless a full table had to merge or widen them, so the shape matters little: the modes'
+//! counts place the tail (a thin tail over 5.6–8.6 ms behind a 5.3 ms bulk: p99 −26.6 % from
+//! Alg. 2's one chained mode, +0.1 % from the capped ones). Wherever the gaps really are
+//! inside their modes, each quantile lies between `lower_ns` and `upper_ns`: the quantiles of
+//! the modes' minima and maxima. The error from the gaps' spread is thus at most the width of
+//! the mode (or modes) the quantile falls in; estimate and bounds share the one approximation
+//! that every batch spends its flow's mean time inside a batch (exact with one request in
+//! flight). Cost: about 1 µs per flow and batch-ending mode of the server, per epoch (130–190
+//! ms for 64 K flows of two modes each, on this 2-core machine).
 
 use super::FlowEstimate;
 use crate::flow::Mode;

@@ -1,5 +1,6 @@
-//! Indices of the per-CPU packet counters (`COUNTERS` map): every packet lands in exactly one
-//! outcome, plus the `EVENT_*` tallies of things that happen beside the outcome.
+//! Indices of the per-CPU packet counters (`COUNTERS` map), one array for every program of the
+//! chain: every packet lands in exactly one outcome (a parse rejection, counted by the root, or
+//! what `pirate` did with it), plus the `EVENT_*` tallies of things that happen beside it.
 
 /// The packet's gap went into its flow's modes.
 pub const MEASURED: u32 = 0;
@@ -25,7 +26,8 @@ pub const IDLE: u32 = 8;
 pub const EVENT_RECORD_LOST: u32 = 9;
 /// Event: a flow's finished epoch was handed over through the ring buffer.
 pub const EVENT_RECORD_SENT: u32 = 10;
-/// Event: nothing sat in `ROOT_ARRAY[0]` (or the tail call failed); the packet went to XDP_PASS.
+/// Event: no forwarder slot (`FORWARD`) took the packet at the end of the chain: it went to
+/// XDP_PASS.
 pub const EVENT_NO_TAIL_CALL: u32 = 11;
 /// Event: a flow-table entry was inserted (the first packet the table saw of the flow, pure
 /// ACKs included); pirated never deletes entries, so those inserted but gone were evicted.

@@ -15,8 +15,9 @@ pub const ACK_SEEN: u8 = 2;
 pub const SEQ_SEEN: u8 = 4;
 
 /// Direction-aware 5-tuple: client→server and server→client are different flows.
-/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero.
-#[repr(C)]
+/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero. 4-byte aligned so that
+/// the flow hash reads it as words.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
     pub src: [u8; 16],

@@ -8,7 +8,9 @@
 pub mod batch_break;
 pub mod config;
 pub mod counters;
+pub mod ctx;
 pub mod flow;
+pub mod hash;
 pub mod modes;
 pub mod parse;
 pub mod tracker;
@@ -19,10 +21,12 @@ mod pod {
     //! Only for the two layouts the datapath uses, whose sizes are checked to have no padding.
     use crate::{
         config::{Params, MODES_COMPACT as C, MODES_WIDE as W},
+        ctx::PacketCtx,
         flow::{EpochRecord, FlowKey, FlowState},
     };
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Params {}
+    unsafe impl aya::Pod for PacketCtx {}
     unsafe impl aya::Pod for FlowState<C> {}
     unsafe impl aya::Pod for FlowState<W> {}
     unsafe impl aya::Pod for EpochRecord<C> {}

@@ -3,8 +3,8 @@
 //! IPv6 extension headers) so the verifier can follow it.
 
 use crate::{
+    ctx::PacketCtx,
     flow::{FlowKey, FAMILY_V4, FAMILY_V6},
-    tracker::PacketInfo,
 };
 
 /// Bytes of a frame, read with bounds checks. The XDP implementation checks against
@@ -26,12 +26,13 @@ impl Frame for [u8] {
     }
 }
 
-/// Why a frame yields no flow.
+/// Why a frame yields no flow (`PacketCtx::outcome` holds it as a `u8`).
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reject {
-    NotIp,
-    Malformed,
-    Unsupported,
+    NotIp = 1,
+    Malformed = 2,
+    Unsupported = 3,
 }
 
 const ETH_P_IPV4: u16 = 0x0800;
@@ -43,19 +44,22 @@ pub const IPPROTO_UDP: u8 = 17;
 const MAX_VLAN_TAGS: usize = 2;
 const MAX_V6_EXT_HEADERS: usize = 6;
 
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 
 #[inline(always)]
 fn be16<F: Frame + ?Sized>(f: &F, off: usize) -> Option<u16> {
     f.read::<[u8; 2]>(off).map(u16::from_be_bytes)
 }
 
-/// Parses a frame into its flow key and what the trackers need.
+/// Parses a frame into `ctx`: its flow key, header offsets and what the trackers need (all of
+/// `ctx` but the timestamp, hash and outcome, which the caller sets). `ctx` is reset first: in
+/// the kernel it is a per-CPU slot still holding the previous packet.
 #[inline(always)]
-pub fn parse<F: Frame + ?Sized>(f: &F) -> Result<(FlowKey, PacketInfo), Reject> {
+pub fn parse<F: Frame + ?Sized>(f: &F, ctx: &mut PacketCtx) -> Result<(), Reject> {
+    *ctx = PacketCtx::default();
     let mut off = 12;
     let mut ethertype = be16(f, off).ok_or(Reject::Malformed)?;
     off += 2;
@@ -66,18 +70,18 @@ pub fn parse<F: Frame + ?Sized>(f: &F) -> Result<(FlowKey, PacketInfo), Reject> 
         ethertype = be16(f, off + 2).ok_or(Reject::Malformed)?;
         off += 4;
     }
-    let mut key = FlowKey::default();
     let (l4, l4_len) = match ethertype {
-        ETH_P_IPV4 => ipv4(f, off, &mut key)?,
-        ETH_P_IPV6 => ipv6(f, off, &mut key)?,
+        ETH_P_IPV4 => ipv4(f, off, &mut ctx.key)?,
+        ETH_P_IPV6 => ipv6(f, off, &mut ctx.key)?,
         _ => return Err(Reject::NotIp),
     };
-    let info = match key.proto {
-        IPPROTO_TCP => tcp(f, l4, l4_len, &mut key)?,
-        IPPROTO_UDP => udp(f, l4, l4_len, &mut key)?,
-        _ => return Err(Reject::Unsupported),
-    };
-    Ok((key, info))
+    ctx.l3_off = off as u16;
+    ctx.l4_off = clamp16(l4);
+    match ctx.key.proto {
+        IPPROTO_TCP => tcp(f, l4, l4_len, ctx),
+        IPPROTO_UDP => udp(f, l4, l4_len, ctx),
+        _ => Err(Reject::Unsupported),
+    }
 }
 
 /// Returns the transport header's offset and the transport segment's length (header + payload),
@@ -149,7 +153,7 @@ fn ipv6<F: Frame + ?Sized>(f: &F, off: usize, key: &mut FlowKey) -> Result<(usiz
 }
 
 #[inline(always)]
-fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
+fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, ctx: &mut PacketCtx) -> Result<(), Reject> {
     let ports: [u8; 4] = f.read(off).ok_or(Reject::Malformed)?;
     let seq: [u8; 4] = f.read(off + 4).ok_or(Reject::Malformed)?;
     let ack: [u8; 4] = f.read(off + 8).ok_or(Reject::Malformed)?;
@@ -160,27 +164,25 @@ fn tcp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) 
     }
     // The whole header (options included) must be in the frame, not just the fields read.
     let _: u8 = f.read(off + hdr - 1).ok_or(Reject::Malformed)?;
-    key.sport = u16::from_be_bytes([ports[0], ports[1]]);
-    key.dport = u16::from_be_bytes([ports[2], ports[3]]);
-    let payload = seg_len - hdr;
-    let flags = doff_flags[1];
-    let pure_ack = payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
-    let ack = (flags & TCP_ACK != 0).then_some(u32::from_be_bytes(ack));
-    // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number too:
-    // the first one is new (it ends the last batch), a retransmitted one is not.
-    let data_end = u32::from_be_bytes(seq).wrapping_add(payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
-    Ok(PacketInfo { payload: clamp16(payload), pure_ack, ack, data_end })
+    ctx.key.sport = u16::from_be_bytes([ports[0], ports[1]]);
+    ctx.key.dport = u16::from_be_bytes([ports[2], ports[3]]);
+    ctx.payload = clamp16(seg_len - hdr);
+    ctx.tcp_flags = doff_flags[1];
+    ctx.seq = u32::from_be_bytes(seq);
+    ctx.ack = u32::from_be_bytes(ack);
+    Ok(())
 }
 
 #[inline(always)]
-fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, key: &mut FlowKey) -> Result<PacketInfo, Reject> {
+fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, ctx: &mut PacketCtx) -> Result<(), Reject> {
     let hdr: [u8; 8] = f.read(off).ok_or(Reject::Malformed)?;
     if seg_len < 8 {
         return Err(Reject::Malformed);
     }
-    key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
-    key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
-    Ok(PacketInfo { payload: clamp16(seg_len - 8), pure_ack: false, ack: None, data_end: 0 })
+    ctx.key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
+    ctx.key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
+    ctx.payload = clamp16(seg_len - 8);
+    Ok(())
 }
 
 #[inline(always)]

@@ -6,6 +6,7 @@
 //! is derived from what the builder was told to put into the frame, never from parser output.
 
 use pirate_common::{
+    ctx::PacketCtx,
     flow::{FlowKey, FAMILY_V4, FAMILY_V6},
     parse::{parse, Reject},
     tracker::PacketInfo,
@@ -392,15 +393,22 @@ fn key6(proto: u8) -> FlowKey {
     FlowKey { src: SRC6, dst: DST6, sport: SPORT, dport: DPORT, proto, family: FAMILY_V6, _pad: [0; 2] }
 }
 
-fn parse_bytes(b: &[u8]) -> Result<(FlowKey, PacketInfo), Reject> {
-    parse(b)
+fn parse_ctx(b: &[u8]) -> Result<PacketCtx, Reject> {
+    let mut ctx = PacketCtx::default();
+    parse(b, &mut ctx).map(|()| ctx)
 }
 
-/// Builds `pkt` and checks it parses into the key and info it was built with.
+fn parse_bytes(b: &[u8]) -> Result<(FlowKey, PacketInfo), Reject> {
+    parse_ctx(b).map(|ctx| (ctx.key, ctx.info()))
+}
+
+/// Builds `pkt` and checks it parses into the key, info and header offsets it was built with.
 #[track_caller]
 fn assert_parses(pkt: &Pkt) -> Built {
     let built = pkt.build();
     assert_eq!(parse_bytes(&built.bytes), Ok((pkt.expected_key(), pkt.expected_info())), "{pkt:?}");
+    let ctx = parse_ctx(&built.bytes).unwrap();
+    assert_eq!((ctx.l3_off as usize, ctx.l4_off as usize), (built.l3, built.l4), "{pkt:?}");
     built
 }
 
@@ -1039,4 +1047,18 @@ proptest! {
             prop_assert_eq!(parse_bytes(&longer), parsed);
         }
     }
+}
+
+/// The kernel parses into a per-CPU slot that still holds the previous packet: nothing of an
+/// IPv6 TCP segment may survive into the IPv4 datagram parsed after it, nor into a rejected frame.
+#[test]
+fn parsing_resets_the_previous_packets_context() {
+    let mut ctx = PacketCtx::default();
+    parse(Pkt::tcp6(ACK | PSH, 100, vec![Ext::HopByHop(0)]).build().bytes.as_slice(), &mut ctx).unwrap();
+    let v4 = Pkt::udp4(30);
+    parse(v4.build().bytes.as_slice(), &mut ctx).unwrap();
+    assert_eq!((ctx.key, ctx.info()), (v4.expected_key(), v4.expected_info()));
+    assert_eq!((ctx.seq, ctx.ack, ctx.tcp_flags), (0, 0, 0));
+    assert_eq!(parse(arp_frame(&[]).as_slice(), &mut ctx), Err(Reject::NotIp));
+    assert_eq!(ctx.key, FlowKey::default());
 }

@@ -1,5 +1,6 @@
-//! The only module that talks to the kernel: loads and attaches the XDP program, pins its maps,
-//! advances the epoch and drains finished epochs into plain data.
+//! The only module that talks to the kernel: loads the XDP chain (`pirate_root`, which attaches,
+//! and the capability programs it tail-calls through `CHAIN`), pins its maps, advances the epoch
+//! and drains finished epochs into plain data.
 
 use std::{
     collections::HashMap as StdHashMap,
@@ -11,13 +12,14 @@ use std::{
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
-    maps::{Array, Map, MapData, PerCpuArray, RingBuf},
-    programs::{ProgramError, Xdp, XdpFlags},
+    maps::{Array, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
+    programs::{ProgramError, ProgramFd, Xdp, XdpFlags},
     Ebpf, EbpfLoader,
 };
 use pirate_common::{
     config::MODES_COMPACT,
     counters,
+    ctx::CHAIN_PIRATE,
     flow::{EpochRecord, FlowKey, FlowState},
 };
 use tracing::{info, warn};
@@ -31,6 +33,9 @@ use crate::{
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
 
 pub const PIN_ROOT: &str = "/sys/fs/bpf/pirated";
+
+/// The program attached to the interface: parses once, then tail-calls the chain.
+const ROOT: &str = "pirate_root";
 
 /// Evaluates `$e` with `$m` the mode capacity (a const) of `$layout`: one place that turns the
 /// runtime layout into the compile-time one the flow-state types are generic over.
@@ -66,6 +71,7 @@ impl Layout {
         }
     }
 
+    /// The `pirate` program for this layout, chained at `CHAIN_PIRATE`.
     fn program(self) -> &'static str {
         match self {
             Layout::Compact => "pirate",
@@ -112,6 +118,8 @@ pub struct Drained {
 pub struct Datapath {
     ebpf: Ebpf,
     layout: Layout,
+    /// `pirate`'s program, to put into (or take out of) its `CHAIN` slot.
+    pirate: ProgramFd,
     records: RingBuf<MapData>,
     records_bytes: u32,
     /// Where the maps are pinned, once attached.
@@ -125,8 +133,8 @@ pub struct Datapath {
 pub const FIRST_EPOCH: u32 = 1;
 
 impl Datapath {
-    /// Loads the program for `config` into the kernel and writes its parameters, without
-    /// attaching it anywhere. Errors say what to do: privileges, verifier log.
+    /// Loads the chain for `config` into the kernel, writes its parameters and fills `CHAIN`,
+    /// without attaching it anywhere. Errors say what to do: privileges, verifier log.
     pub fn load(config: &Config) -> anyhow::Result<Datapath> {
         let layout = Layout::for_modes(config.pirate.modes);
         let ring_bytes = ring_size(config.max_flows as usize, layout)?;
@@ -149,18 +157,38 @@ impl Datapath {
         // Before the program can see a packet: state tagged with an epoch before the first one
         // is never drained (a flow's first packet was lost so when traffic beat the daemon's loop).
         Array::<_, u32>::try_from(ebpf.map_mut("EPOCH").unwrap())?.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
-        let program: &mut Xdp = ebpf.program_mut(layout.program()).unwrap().try_into()?;
-        program.load().map_err(verifier_error)?;
+        // The root first: it owns the program arrays, whose later members must match it.
+        for name in [ROOT, layout.program()] {
+            let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
+            program.load().map_err(|e| verifier_error(name, e))?;
+        }
+        let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
+        let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;
-        Ok(Datapath {
+        let mut dp = Datapath {
             ebpf,
             layout,
+            pirate,
             records,
             records_bytes: ring_bytes,
             pin_dir: None,
             lock: None,
             attached_mode: "none",
-        })
+        };
+        dp.chain_pirate(true)?;
+        Ok(dp)
+    }
+
+    /// Puts `pirate` into its `CHAIN` slot, or empties the slot (the datapath benchmark measures
+    /// the root alone so).
+    pub fn chain_pirate(&mut self, on: bool) -> anyhow::Result<()> {
+        let mut chain = ProgramArray::try_from(self.ebpf.map_mut("CHAIN").unwrap())?;
+        if on {
+            chain.set(CHAIN_PIRATE, &self.pirate, 0).context("chaining pirate")?;
+        } else {
+            chain.clear_index(&CHAIN_PIRATE).context("unchaining pirate")?;
+        }
+        Ok(())
     }
 
     /// Loads the program, attaches it to `config.interface` and pins the maps under
@@ -179,32 +207,37 @@ impl Datapath {
         }
         let mut dp = Self::load(config)?;
         dp.lock = Some(lock_instance(&config.instance)?);
-        let program: &mut Xdp = dp.ebpf.program_mut(dp.layout.program()).unwrap().try_into()?;
+        let program: &mut Xdp = dp.ebpf.program_mut(ROOT).unwrap().try_into()?;
         dp.attached_mode = attach(program, iface, config.attach_mode)?;
         let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
         pin_maps(&dp.ebpf, &pin_dir, dp.layout)?;
         dp.pin_dir = Some(pin_dir);
-        info!(interface = %iface, mode = dp.attached_mode, program = dp.layout.program(), "attached");
+        info!(interface = %iface, mode = dp.attached_mode, chained = dp.layout.program(), "attached");
         Ok(dp)
     }
 
-    /// The loaded measuring program, e.g. to run it with BPF_PROG_TEST_RUN.
-    pub fn program_fd(&self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
-        let program: &Xdp = self.ebpf.program(self.layout.program()).unwrap().try_into()?;
+    /// The root program, the chain's entry, e.g. to run it with BPF_PROG_TEST_RUN.
+    pub fn root_fd(&self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
+        let program: &Xdp = self.ebpf.program(ROOT).unwrap().try_into()?;
         Ok(program.fd()?.as_fd())
     }
 
-    /// How many instructions the verifier walked to accept the program: it rejects programs
-    /// past 1 000 000, so this is the headroom left for the per-packet code.
-    pub fn verified_instructions(&self) -> anyhow::Result<Option<u32>> {
-        let program: &Xdp = self.ebpf.program(self.layout.program()).unwrap().try_into()?;
-        Ok(program.info()?.verified_instruction_count())
+    /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
+    /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
+    pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
+        [ROOT, self.layout.program()]
+            .into_iter()
+            .map(|name| {
+                let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;
+                Ok((name, program.info()?.verified_instruction_count()))
+            })
+            .collect()
     }
 
     /// Loads the object's bare `XDP_PASS` program (the baseline of the datapath benchmark).
     pub fn load_bare_pass(&mut self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
         let program: &mut Xdp = self.ebpf.program_mut("bare_pass").unwrap().try_into()?;
-        program.load().map_err(verifier_error)?;
+        program.load().map_err(|e| verifier_error("bare_pass", e))?;
         Ok(program.fd()?.as_fd())
     }
 
@@ -336,17 +369,19 @@ fn program_attach(program: &mut Xdp, iface: &str, flags: XdpFlags) -> anyhow::Re
     program.attach(iface, flags).map(|_| ()).map_err(|e| anyhow!(e))
 }
 
-fn verifier_error(e: ProgramError) -> anyhow::Error {
+fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
     match e {
         ProgramError::LoadError { io_error, verifier_log } => {
-            anyhow!("the kernel verifier rejected the XDP program ({io_error}). Verifier log:\n{verifier_log}")
+            anyhow!("the kernel verifier rejected the XDP program {name} ({io_error}). Verifier log:\n{verifier_log}")
         }
-        e => anyhow!(e).context("loading the XDP program"),
+        e => anyhow!(e).context(format!("loading the XDP program {name}")),
     }
 }
 
 /// Pins the maps an operator may inspect or another program may share (the flow table, counters,
-/// configuration, epoch, the tail-call array); the ring buffer has been taken by pirated already.
+/// configuration, epoch, and the program arrays: `FORWARD` is where a balancer registers, and the
+/// kernel empties a program array when its last descriptor or pin goes). Not the per-CPU
+/// scratch maps; the ring buffer has been taken by pirated already.
 fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     if dir.exists() {
         // A previous run that died without cleaning up; its pins hold nothing we reuse.
@@ -355,7 +390,7 @@ fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     ensure_bpffs()?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, map) in ebpf.maps() {
-        let unused = name == "BLANK" || name == layout.unused_flows_map();
+        let unused = name == "BLANK" || name == "CTX" || name == layout.unused_flows_map();
         if !unused {
             map.pin(dir.join(name)).with_context(|| format!("pinning {name} in {}", dir.display()))?;
         }

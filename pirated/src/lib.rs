@@ -9,3 +9,4 @@ pub mod map_batch;
 pub mod metrics;
 pub mod replay;
 pub mod report;
+pub mod test_run;

@@ -14,9 +14,10 @@ use pirated::{config::Config, datapath::Datapath, epoch, metrics, replay};
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
 ///
-/// pirated attaches the XDP program `pirate` to the client-facing interface, summarises each
-/// flow's inter-packet gaps into a few modes in the kernel, and every epoch turns them into a
-/// mean response latency per flow and per server (Pirate's proportional mode sum, or the
+/// pirated attaches its XDP chain (`pirate_root`, which parses each frame once and tail-calls
+/// `pirate`) to the client-facing interface, summarises each flow's inter-packet gaps into a few
+/// modes in the kernel, and every epoch turns them into a mean response latency per flow and per
+/// server (Pirate's proportional mode sum, or the
 /// `batches` estimator). Results are served as Prometheus metrics and optionally printed as
 /// JSON lines.
 #[derive(Parser, Debug)]

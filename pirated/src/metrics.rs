@@ -137,7 +137,7 @@ impl Metrics {
         );
         registry.register(
             "tail_call_misses",
-            "Packets passed with XDP_PASS because ROOT_ARRAY[0] held no program to chain to",
+            "Packets that reached the end of the chain with no forwarder in FORWARD to take them (passed)",
             m.tail_call_misses.clone(),
         );
         registry.register(

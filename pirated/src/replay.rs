@@ -6,6 +6,7 @@ use std::{collections::HashMap, fs::File, io::Read, io::Write, path::Path};
 use anyhow::{bail, Context};
 use pirate_common::{
     config::Params,
+    ctx::PacketCtx,
     flow::{FlowKey, FlowState},
     parse::parse,
     tracker::on_packet,
@@ -53,12 +54,15 @@ fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8
             reports.push(close(&flows, epoch));
             epoch += 1;
         }
-        let Ok((key, info)) = parse(frame.as_slice()) else { continue };
-        let st = flows.entry(key).or_insert_with(|| FlowState::new(epoch));
+        let mut pkt = PacketCtx::default();
+        if parse(frame.as_slice(), &mut pkt).is_err() {
+            continue;
+        }
+        let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
         if st.epoch != epoch {
             st.start_epoch(epoch, params);
         }
-        on_packet(st, *ts, info, params);
+        on_packet(st, *ts, pkt.info(), params);
     }
     reports.push(close(&flows, epoch));
     reports

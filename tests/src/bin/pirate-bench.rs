@@ -1,9 +1,11 @@
-//! `cargo xtask bench datapath`: the per-packet cost of the `pirate` XDP program against a bare
-//! XDP_PASS program on the same packets (BPF_PROG_TEST_RUN, measured side by side in one run),
-//! with the flow table already holding 64 K flows, and the memory each tracked flow costs.
+//! `cargo xtask bench datapath`: the per-packet cost of the XDP chain against a bare XDP_PASS
+//! program on the same packets (BPF_PROG_TEST_RUN, measured side by side in one run): the root
+//! alone (every capability slot empty) and the root with `pirate` chained, with the flow table
+//! already holding 64 K flows; the memory each tracked flow costs and each program's verifier
+//! work.
 
 use std::{
-    os::fd::{AsRawFd, BorrowedFd},
+    os::fd::{AsFd, BorrowedFd},
     time::Duration,
 };
 
@@ -12,6 +14,7 @@ use clap::Parser;
 use pirated::{
     config::{Config, Dur},
     datapath::Datapath,
+    test_run::test_run,
 };
 
 #[derive(Parser)]
@@ -25,49 +28,6 @@ struct Args {
     /// Repetitions per call in the repeated-packet pass.
     #[arg(long, default_value_t = 2000)]
     repeat: u32,
-}
-
-/// `union bpf_attr` as BPF_PROG_TEST_RUN reads it.
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _pad: u32,
-}
-
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-
-/// Runs `prog` on `frame` `repeat` times in the kernel; returns (mean ns per run, XDP verdict).
-fn test_run(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<(u32, u32)> {
-    let mut attr = TestRunAttr {
-        prog_fd: prog.as_raw_fd() as u32,
-        data_size_in: frame.len() as u32,
-        data_in: frame.as_ptr() as u64,
-        repeat,
-        ..Default::default()
-    };
-    // SAFETY: attr is a valid bpf_attr prefix for this command; data_in outlives the call.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &mut attr as *mut TestRunAttr, size_of::<TestRunAttr>())
-    };
-    if rc != 0 {
-        bail!("BPF_PROG_TEST_RUN: {}", std::io::Error::last_os_error());
-    }
-    Ok((attr.duration, attr.retval))
 }
 
 /// A client→server TCP segment with 100 bytes of payload; flow `i` differs in source address
@@ -92,6 +52,33 @@ fn frame(i: u32) -> Vec<u8> {
     f
 }
 
+/// Mean ns per run of `prog` on `frame`, repeated `repeat` times in the kernel.
+fn ns(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32) -> Result<u64> {
+    Ok(test_run(prog, frame, repeat, &mut [])?.ns as u64)
+}
+
+/// Per-packet ns of each program, two passes: one call per packet cycling through every flow
+/// (cache-cold flow entries), and the same packet repeated in the kernel (a hot flow entry, 64
+/// flows). The programs are interleaved so that machine noise hits them alike.
+fn measure(progs: &[BorrowedFd<'_>], frames: &[Vec<u8>], calls: u32, repeat: u32) -> Result<[Vec<f64>; 2]> {
+    let mut cold = vec![0u64; progs.len()];
+    for k in 0..calls as usize {
+        let f = &frames[(k * 7919) % frames.len()];
+        for (sum, &p) in cold.iter_mut().zip(progs) {
+            *sum += ns(p, f, 1)?;
+        }
+    }
+    let mut hot = vec![0u64; progs.len()];
+    let samples = 64.min(frames.len());
+    for f in frames.iter().step_by(frames.len() / samples).take(samples) {
+        for (sum, &p) in hot.iter_mut().zip(progs) {
+            *sum += ns(p, f, repeat)?;
+        }
+    }
+    let mean = |sums: Vec<u64>, n: usize| sums.into_iter().map(|s| s as f64 / n as f64).collect();
+    Ok([mean(cold, calls as usize), mean(hot, samples)])
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     // The same bytes run again and again: with the retransmission check on, every run after a
@@ -103,15 +90,14 @@ fn main() -> Result<()> {
     config.validate()?;
     let mut dp = Datapath::load(&config)?;
     let frames: Vec<Vec<u8>> = (0..args.flows).map(frame).collect();
-    let pirate = dp.program_fd()?.try_clone_to_owned()?;
+    let root = dp.root_fd()?.try_clone_to_owned()?;
     let bare = dp.load_bare_pass()?.try_clone_to_owned()?;
-    use std::os::fd::AsFd;
-    let (pirate, bare) = (pirate.as_fd(), bare.as_fd());
+    let (root, bare) = (root.as_fd(), bare.as_fd());
 
     for f in &frames {
-        let (_, verdict) = test_run(pirate, f, 1)?;
+        let verdict = test_run(root, f, 1, &mut [])?.verdict;
         if verdict != 2 {
-            bail!("pirate returned {verdict}, not XDP_PASS");
+            bail!("the chain returned {verdict}, not XDP_PASS");
         }
     }
     // The epoch drain over the full table (pirated does this once per epoch).
@@ -119,26 +105,10 @@ fn main() -> Result<()> {
     let tracked = dp.drain(0)?.tracked;
     let drain = started.elapsed();
 
-    // Pass 1: one call per packet, cycling through every flow (lookup + update on a cold-ish
-    // entry), the two programs interleaved so machine noise hits both alike.
-    let (mut sum_p, mut sum_b) = (0u64, 0u64);
-    for k in 0..args.calls {
-        let f = &frames[(k as usize * 7919) % frames.len()];
-        sum_p += test_run(pirate, f, 1)?.0 as u64;
-        sum_b += test_run(bare, f, 1)?.0 as u64;
-    }
-    let one_p = sum_p as f64 / args.calls as f64;
-    let one_b = sum_b as f64 / args.calls as f64;
-
-    // Pass 2: the same packet repeated in the kernel (a hot flow), over 64 flows.
-    let (mut rep_p, mut rep_b) = (0u64, 0u64);
-    let samples = 64.min(frames.len());
-    for f in frames.iter().step_by(frames.len() / samples).take(samples) {
-        rep_p += test_run(pirate, f, args.repeat)?.0 as u64;
-        rep_b += test_run(bare, f, args.repeat)?.0 as u64;
-    }
-    let rep_p = rep_p as f64 / samples as f64;
-    let rep_b = rep_b as f64 / samples as f64;
+    let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
+    dp.chain_pirate(false)?;
+    let [cold_root, hot_root] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
+    dp.chain_pirate(true)?;
 
     let counters = dp.counters()?;
     let memlock = dp.flow_table_memlock()?;
@@ -147,12 +117,16 @@ fn main() -> Result<()> {
         config.max_flows,
         dp.layout()
     );
-    println!("{:<38} {:>12} {:>12} {:>10} {:>7}", "", "pirate ns", "bare ns", "added ns", "ratio");
-    for (name, p, b) in [
-        ("one call per packet, flows cycling", one_p, one_b),
-        (&*format!("same packet x{} per call (64 flows)", args.repeat), rep_p, rep_b),
+    println!("{:<52} {:>10} {:>10} {:>10} {:>7}", "", "chain ns", "bare ns", "added ns", "ratio");
+    let same = format!("x{} per call, 64 flows", args.repeat);
+    for (name, m) in [
+        (format!("root + pirate, one call per packet, {} flows", frames.len()), &cold),
+        (format!("root + pirate, same packet {same}"), &hot),
+        ("root alone, one call per packet".to_string(), &cold_root),
+        (format!("root alone, same packet {same}"), &hot_root),
     ] {
-        println!("{name:<38} {p:>12.1} {b:>12.1} {:>10.1} {:>7.2}", p - b, p / b);
+        let (p, b) = (m[0], m[1]);
+        println!("{name:<52} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
     }
     println!(
         "memory per flow: key+value {} B; kernel memlock / max_entries {:.1} B; hand-over ring {:.1} B",
@@ -164,9 +138,11 @@ fn main() -> Result<()> {
         "epoch drain of {tracked} flows: {:.1} ms (BPF_MAP_LOOKUP_BATCH, includes a 1 ms grace period)",
         drain.as_secs_f64() * 1e3
     );
-    match dp.verified_instructions()? {
-        Some(n) => println!("verifier: {n} of its 1000000 instructions walked to accept the program"),
-        None => println!("verifier: the kernel does not report the instructions it walked"),
+    for (program, walked) in dp.verified_instructions()? {
+        match walked {
+            Some(n) => println!("verifier: {program}: {n} of its 1000000 instructions walked to accept it"),
+            None => println!("verifier: {program}: the kernel does not report the instructions it walked"),
+        }
     }
     let outcomes = pirate_common::counters::NAMES.iter().zip(counters).take(pirate_common::counters::OUTCOMES as usize);
     let outcomes: Vec<String> = outcomes.filter(|(_, n)| *n > 0).map(|(name, n)| format!("{n} {name}")).collect();

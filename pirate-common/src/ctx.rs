@@ -1,0 +1,64 @@
+//! The per-packet context `pirate_root` writes once (parse, flow hash, timestamp) and every
+//! program of the chain reads, and the chain's slot numbers. Programs never parse a frame again:
+//! the verifier keeps nothing across a tail call, so what they share travels in this struct.
+
+use crate::{
+    flow::FlowKey,
+    parse::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    tracker::PacketInfo,
+};
+
+/// `CHAIN` slot of `pirate` (inter-packet-gap modes). Capabilities run in slot order.
+pub const CHAIN_PIRATE: u32 = 0;
+/// Slots in `CHAIN`: `pirate`, and the ones the fridge and two-point programs will take.
+pub const CHAIN_SLOTS: u32 = 4;
+/// Slots in `FORWARD`, Katran's root-array convention: a balancer registers itself at a
+/// configured position (Katran's `rootMapPos`, default 2); the first filled slot takes the
+/// packet after every measuring program, and with all of them empty it passes.
+pub const FORWARD_SLOTS: u32 = 3;
+
+/// `PacketCtx::outcome` of a frame the parser accepted; the others are [`crate::parse::Reject`].
+pub const PARSED: u8 = 0;
+
+/// What `pirate_root` learned of one frame, in the one-entry per-CPU `CTX` map: an XDP run,
+/// tail calls included, ends on its CPU before the next packet starts there. Offsets, not
+/// pointers, into the frame.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketCtx {
+    pub key: FlowKey,
+    /// Arrival, on the datapath's monotonic clock (`bpf_ktime_get_ns`; the capture's in replay).
+    pub ts_ns: u64,
+    /// [`crate::hash::flow_hash`] of `key`.
+    pub hash: u32,
+    /// TCP sequence and acknowledgement numbers (0 for UDP).
+    pub seq: u32,
+    pub ack: u32,
+    /// Transport payload bytes (TCP data, UDP datagram body).
+    pub payload: u16,
+    /// Offsets of the IP and transport headers from the frame's start.
+    pub l3_off: u16,
+    pub l4_off: u16,
+    /// TCP flags byte (0 for UDP).
+    pub tcp_flags: u8,
+    /// [`PARSED`], or why the parser rejected the frame (`Reject as u8`).
+    pub outcome: u8,
+}
+
+const _: () = assert!(size_of::<PacketCtx>() == 72);
+
+impl PacketCtx {
+    /// What the trackers need of the packet.
+    #[inline(always)]
+    pub fn info(&self) -> PacketInfo {
+        if self.key.proto != IPPROTO_TCP {
+            return PacketInfo { payload: self.payload, pure_ack: false, ack: None, data_end: 0 };
+        }
+        let flags = self.tcp_flags;
+        let pure_ack = self.payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
+        // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number
+        // too: the first one is new (it ends the last batch), a retransmitted one is not.
+        let data_end = self.seq.wrapping_add(self.payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
+        PacketInfo { payload: self.payload, pure_ack, ack: (flags & TCP_ACK != 0).then_some(self.ack), data_end }
+    }
+}

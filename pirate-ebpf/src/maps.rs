@@ -1,0 +1,52 @@
+//! Every map of the datapath, named as `pirated` looks them up.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+};
+use pirate_common::{
+    config::{Params, MODES_COMPACT, MODES_WIDE},
+    counters,
+    ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
+    flow::{FlowKey, FlowState},
+};
+
+/// Written once by pirated before attaching.
+#[map]
+pub static CONFIG: Array<Params> = Array::with_max_entries(1, 0);
+/// The current epoch; pirated advances it, the datapath tags flow state with it.
+#[map]
+pub static EPOCH: Array<u32> = Array::with_max_entries(1, 0);
+/// Packet outcomes and events, indexed by `pirate_common::counters`.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::COUNT, 0);
+/// The packet being processed on this CPU, written by `pirate_root`, read down the chain.
+#[map]
+pub static CTX: PerCpuArray<PacketCtx> = PerCpuArray::with_max_entries(1, 0);
+/// The capabilities, at their `pirate_common::ctx::CHAIN_*` slots; a disabled one is empty.
+#[map]
+pub static CHAIN: ProgramArray = ProgramArray::with_max_entries(CHAIN_SLOTS, 0);
+/// Forwarders (Katran's balancer, `pirate_lb`), registered by position as in Katran's root array.
+#[map]
+pub static FORWARD: ProgramArray = ProgramArray::with_max_entries(FORWARD_SLOTS, 0);
+/// Flow tables, one per state layout; pirated sizes the one it uses and shrinks the other to 1.
+#[map]
+pub static FLOWS: LruHashMap<FlowKey, FlowState<MODES_COMPACT>> = LruHashMap::with_max_entries(65536, 0);
+#[map]
+pub static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::with_max_entries(1, 0);
+/// An all-zero flow state per CPU, the source of new flows' entries (too big for the stack).
+/// Sized for the wide layout, so it covers both.
+const _: () = assert!(size_of::<FlowState<MODES_COMPACT>>() <= size_of::<FlowState<MODES_WIDE>>());
+#[map]
+pub static BLANK: PerCpuArray<FlowState<MODES_WIDE>> = PerCpuArray::with_max_entries(1, 0);
+/// Finished epochs of flows that saw a packet after the epoch changed.
+#[map]
+pub static RECORDS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+#[inline(always)]
+pub fn count(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer.
+        unsafe { *c += 1 };
+    }
+}

@@ -1,0 +1,95 @@
+//! `pirate`, the `CHAIN_PIRATE` capability: feeds each parsed packet to its flow's Pirate state
+//! (Alg. 1 and 2, `pirate_common::tracker`) and hands finished epochs to pirated. One program
+//! per flow-state layout; pirated chains the one it configured.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, macros::xdp, maps::LruHashMap, programs::XdpContext};
+use pirate_common::{
+    counters,
+    ctx::{PacketCtx, CHAIN_PIRATE},
+    flow::{EpochRecord, FlowKey, FlowState},
+    tracker::{on_packet, Step},
+};
+
+use crate::{
+    chain,
+    maps::{count, BLANK, CONFIG, CTX, EPOCH, FLOWS, FLOWS_WIDE, RECORDS},
+};
+
+#[xdp]
+pub fn pirate(ctx: XdpContext) -> u32 {
+    measure(&FLOWS);
+    chain::from(&ctx, CHAIN_PIRATE + 1)
+}
+
+#[xdp]
+pub fn pirate_wide(ctx: XdpContext) -> u32 {
+    measure(&FLOWS_WIDE);
+    chain::from(&ctx, CHAIN_PIRATE + 1)
+}
+
+#[inline(always)]
+fn measure<const M: usize>(flows: &LruHashMap<FlowKey, FlowState<M>>) {
+    let Some(pkt) = CTX.get(0) else { return };
+    let Some(params) = CONFIG.get(0) else { return };
+    let epoch = EPOCH.get(0).copied().unwrap_or(0);
+    let st = match flows.get_ptr_mut(&pkt.key) {
+        Some(p) => p,
+        None => match new_flow(flows, pkt, epoch) {
+            Some(p) => p,
+            None => return count(counters::MAP_FULL),
+        },
+    };
+    // SAFETY: a live map value; the flow's packets are processed on one CPU at a time.
+    let st = unsafe { &mut *st };
+    if st.epoch != epoch {
+        if st.hand_over_due(epoch) {
+            hand_over(&pkt.key, st);
+        }
+        st.start_epoch(epoch, params);
+    }
+    count(match on_packet(st, pkt.ts_ns, pkt.info(), params) {
+        Step::SkippedPureAck => counters::PURE_ACK,
+        Step::SkippedRetransmission => counters::RETRANSMISSION,
+        Step::First => counters::NEW_FLOW,
+        Step::Gap { .. } => counters::MEASURED,
+        Step::Idle { .. } => counters::IDLE,
+    });
+}
+
+#[inline(always)]
+fn new_flow<const M: usize>(
+    flows: &LruHashMap<FlowKey, FlowState<M>>,
+    pkt: &PacketCtx,
+    epoch: u32,
+) -> Option<*mut FlowState<M>> {
+    let blank = BLANK.get_ptr_mut(0)? as *mut FlowState<M>;
+    // SAFETY: BLANK holds a FlowState<MODES_WIDE>, at least as large as FlowState<M>; only
+    // `epoch` is ever written, so the rest stays zero = FlowState::new.
+    unsafe {
+        (*blank).epoch = epoch;
+        // EEXIST means another CPU inserted it first: use that one.
+        if flows.insert(&pkt.key, &*blank, BPF_NOEXIST as u64).is_ok() {
+            count(counters::EVENT_FLOW_INSERTED);
+        }
+    }
+    flows.get_ptr_mut(&pkt.key)
+}
+
+/// Sends the flow's finished epoch to pirated; counts it lost if the ring buffer is full.
+#[inline(always)]
+fn hand_over<const M: usize>(key: &FlowKey, st: &FlowState<M>) {
+    match RECORDS.reserve::<EpochRecord<M>>(0) {
+        Some(mut entry) => {
+            let rec = entry.as_mut_ptr();
+            // SAFETY: the reservation is sized for EpochRecord<M>; fields are written in place
+            // because a whole record does not fit the 512-byte stack.
+            unsafe {
+                core::ptr::addr_of_mut!((*rec).key).write(*key);
+                core::ptr::copy_nonoverlapping(st, core::ptr::addr_of_mut!((*rec).state), 1);
+            }
+            entry.submit(0);
+            count(counters::EVENT_RECORD_SENT);
+        }
+        None => count(counters::EVENT_RECORD_LOST),
+    }
+}

@@ -1,0 +1,57 @@
+//! `pirate_root`, the program attached to the interface: parses the frame once into the
+//! per-CPU `CTX`, then starts the chain. A frame the parser rejects is counted and skips the
+//! measuring programs, but still reaches the forwarders.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
+use pirate_common::{
+    counters,
+    ctx::PARSED,
+    hash::flow_hash,
+    parse::{parse, Frame, Reject},
+};
+
+use crate::{
+    chain,
+    maps::{count, CTX},
+};
+
+struct Packet<'a>(&'a XdpContext);
+
+impl Frame for Packet<'_> {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let start = self.0.data();
+        let end = self.0.data_end();
+        if start + off + core::mem::size_of::<T>() > end {
+            return None;
+        }
+        // SAFETY: bounds checked against data_end just above.
+        Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
+    }
+}
+
+#[xdp]
+pub fn pirate_root(ctx: XdpContext) -> u32 {
+    // A one-entry array always has entry 0; the check is for the verifier.
+    let Some(pkt) = CTX.get_ptr_mut(0) else { return chain::forward(&ctx) };
+    // SAFETY: this CPU's slot; nothing else runs on it until this packet leaves the chain.
+    let pkt = unsafe { &mut *pkt };
+    let parsed = parse(&Packet(&ctx), pkt);
+    pkt.ts_ns = unsafe { bpf_ktime_get_ns() };
+    match parsed {
+        Ok(()) => {
+            pkt.hash = flow_hash(&pkt.key);
+            pkt.outcome = PARSED;
+            chain::from(&ctx, 0)
+        }
+        Err(reject) => {
+            pkt.outcome = reject as u8;
+            count(match reject {
+                Reject::NotIp => counters::NOT_IP,
+                Reject::Malformed => counters::MALFORMED,
+                Reject::Unsupported => counters::UNSUPPORTED,
+            });
+            chain::forward(&ctx)
+        }
+    }
+}

@@ -8,20 +8,15 @@
 //! real, as it would behind a production Katran.
 //!
 //! ```no_run
-//! use std::net::{Ipv4Addr, SocketAddrV4};
-//! use pirate_tests::katran::{build_balancer, check_ipip, prog_test_run, Katran, TcpSegment, XDP_TX};
+//! use std::{net::{Ipv4Addr, SocketAddrV4}, path::Path};
+//! use pirate_tests::katran::{build_balancer, Katran};
 //! # fn main() -> anyhow::Result<()> {
-//! let vip = SocketAddrV4::new(Ipv4Addr::new(10, 200, 9, 1), 80);
-//! let real = Ipv4Addr::new(10, 200, 9, 100);
-//! let katran = Katran::load(&build_balancer(std::path::Path::new("/tmp/katran"))?)?;
+//! let katran = Katran::load(&build_balancer(Path::new("/tmp/katran"))?)?;
 //! katran.set_default_router_mac([0x02, 0, 0, 0, 0, 0xfe])?;
-//! katran.add_vip(vip, libc::IPPROTO_TCP as u8, 0, 0)?;
-//! katran.set_real(1, real)?;
+//! katran.add_vip(SocketAddrV4::new(Ipv4Addr::new(10, 200, 9, 1), 80), libc::IPPROTO_TCP as u8, 0, 0)?;
+//! katran.set_real(1, Ipv4Addr::new(10, 200, 9, 100))?;
 //! katran.fill_ring(0, &[1])?;
-//! let frame = TcpSegment::syn(SocketAddrV4::new(Ipv4Addr::new(10, 200, 1, 1), 40000), vip).frame();
-//! let run = prog_test_run(katran.prog_fd(), &frame)?;
-//! assert_eq!(run.verdict, XDP_TX);
-//! check_ipip(&run.frame, &frame, real)?;
+//! katran.register(Path::new("/sys/fs/bpf/pirated/default/FORWARD"), 2)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -52,9 +47,6 @@ pub const MAX_VIPS: u32 = 512;
 /// `MAX_REALS` in `balancer_consts.h`: the size of `reals`; real ids run from 1 (0 is reserved).
 pub const MAX_REALS: u32 = 4096;
 
-/// `F_IPV6` in `balancer_consts.h`, a `real_definition` flag: the real's address is IPv6.
-pub const F_IPV6: u8 = 1 << 0;
-
 /// Offsets into Katran's `stats` map of its global counters, which start at index `MAX_VIPS`
 /// (`balancer_consts.h`); `v1` counts packets, `v2` bytes unless noted there.
 pub mod counter {
@@ -78,28 +70,6 @@ pub mod counter {
     pub const XDP_PASS: u32 = 19;
 }
 
-/// XDP verdicts (`enum xdp_action`).
-pub const XDP_DROP: u32 = 1;
-/// XDP verdict: pass to the kernel's stack.
-pub const XDP_PASS: u32 = 2;
-/// XDP verdict: send back out of the receiving interface (Katran's verdict for a forwarded packet).
-pub const XDP_TX: u32 = 3;
-
-/// TCP header flags for [`TcpSegment::flags`].
-pub const TCP_SYN: u8 = 0x02;
-/// TCP RST flag (Katran neither creates nor updates LRU entries for RST segments).
-pub const TCP_RST: u8 = 0x04;
-/// TCP PSH flag.
-pub const TCP_PSH: u8 = 0x08;
-/// TCP ACK flag.
-pub const TCP_ACK: u8 = 0x10;
-
-/// MAC address the test frames come from (a client-side router).
-pub const CLIENT_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x0c, 0x01];
-/// MAC address the test frames are sent to (the balancer host's interface). Katran copies it into
-/// the encapsulated frame's source MAC.
-pub const LB_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x1b, 0x01];
-
 const BALANCER_SRC: &str = "katran/lib/bpf/balancer.bpf.c";
 const BPFFS: &str = "/sys/fs/bpf";
 /// Pin directories are `/sys/fs/bpf/pirate-katran-<pid>-<n>`; the pid lets [`Katran::load`]
@@ -108,17 +78,23 @@ const PIN_PREFIX: &str = "pirate-katran-";
 /// Name of the program's pin inside the pin directory (its maps are pinned next to it by name).
 const PROG_PIN: &str = "balancer_ingress";
 
-/// The vendored Katran tree, `<tests crate>/../../shared/third_party/katran`, with a clear error
-/// if it is missing, so tests fail saying what to provide rather than with a compiler error.
+/// Where Katran's sources are: `$KATRAN_DIR`, else `shared/third_party/katran` beside this
+/// repository's checkout, else this workplace's `/work/shared/third_party/katran` (a clean clone
+/// elsewhere); an error names the places looked at.
 pub fn katran_dir() -> Result<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/third_party/katran");
-    ensure!(
-        dir.join(BALANCER_SRC).is_file(),
-        "Katran's sources are not at {} (expected {BALANCER_SRC} there, see its README.md): \
-         the Katran tests need the vendored tree at <repo>/../shared/third_party/katran",
-        dir.display()
-    );
-    dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/third_party/katran");
+    let candidates: Vec<PathBuf> = std::env::var_os("KATRAN_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([beside, PathBuf::from("/work/shared/third_party/katran")])
+        .collect();
+    match candidates.iter().find(|dir| dir.join(BALANCER_SRC).is_file()) {
+        Some(dir) => dir.canonicalize().with_context(|| format!("resolving {}", dir.display())),
+        None => bail!(
+            "Katran's sources ({BALANCER_SRC}) are in none of {candidates:?}: set KATRAN_DIR to a checkout of \
+             facebookincubator/katran"
+        ),
+    }
 }
 
 /// Compiles Katran's balancer into `out_dir/balancer.o` and returns that path.
@@ -187,12 +163,12 @@ impl Katran {
     /// which libbpf creates. Loading takes about a second: `ch_rings` (256 MiB) and
     /// `server_id_map` (64 MiB) are preallocated arrays.
     pub fn load(object: &Path) -> Result<Katran> {
-        remove_stale_pin_dirs();
-        let dir = Path::new(BPFFS).join(format!("{PIN_PREFIX}{}-{}", std::process::id(), next_seq()));
         ensure!(
             Path::new(BPFFS).is_dir(),
             "{BPFFS} is missing: mount bpffs first (scripts/setup.sh does: mount -t bpf bpf {BPFFS})"
         );
+        remove_stale_pin_dirs();
+        let dir = Path::new(BPFFS).join(format!("{PIN_PREFIX}{}-{}", std::process::id(), next_seq()));
         fs::create_dir(&dir).with_context(|| format!("creating pin directory {}", dir.display()))?;
         let pins = PinDir(dir);
         let prog_pin = pins.0.join(PROG_PIN);
@@ -239,26 +215,6 @@ impl Katran {
         Ok(())
     }
 
-    /// The balancer program (`balancer_ingress`), e.g. for [`prog_test_run`].
-    pub fn prog_fd(&self) -> BorrowedFd<'_> {
-        self.prog.as_fd()
-    }
-
-    /// The kernel's id of the balancer program, which a prog array slot reports when it holds it.
-    pub fn prog_id(&self) -> u32 {
-        self.prog_id
-    }
-
-    /// The directory under `/sys/fs/bpf` holding the program's pin and its maps' pins (by name).
-    pub fn pin_dir(&self) -> &Path {
-        &self.pins.0
-    }
-
-    /// The program's pin path, e.g. for `bpftool map update ... value pinned <path>`.
-    pub fn prog_pin(&self) -> PathBuf {
-        self.pins.0.join(PROG_PIN)
-    }
-
     /// Opens one of Katran's pinned maps by its name in `balancer_maps.h`/`control_data_maps.h`.
     fn map(&self, name: &str) -> Result<OwnedFd> {
         let pin = self.pins.0.join(name);
@@ -287,12 +243,6 @@ impl Katran {
         self.update("vip_map", &vip_key(vip, proto), &meta)
     }
 
-    /// Removes a VIP from `vip_map`.
-    pub fn remove_vip(&self, vip: SocketAddrV4, proto: u8) -> Result<()> {
-        let map = self.map("vip_map")?;
-        sys::map_delete(map.as_fd(), &vip_key(vip, proto)).with_context(|| format!("deleting VIP {vip} from vip_map"))
-    }
-
     /// Sets real `id` in `reals` to IPv4 address `addr`: the outer destination of packets the ring
     /// sends to `id`. Real id 0 is reserved (Katran drops packets whose ring position holds 0).
     pub fn set_real(&self, id: u32, addr: Ipv4Addr) -> Result<()> {
@@ -301,7 +251,7 @@ impl Katran {
         // 16 bytes of address (IPv4 in the first 4, network order), flags at 16, padded to 20.
         let mut real = [0u8; 20];
         real[0..4].copy_from_slice(&addr.octets());
-        real[16] = 0; // no F_IPV6: IPIP over IPv4
+        real[16] = 0; // no F_IPV6 (balancer_consts.h): IPIP over IPv4
         self.update("reals", &id.to_ne_bytes(), &real)
     }
 
@@ -339,12 +289,6 @@ impl Katran {
         self.stats_entry(MAX_VIPS + index)
     }
 
-    /// A VIP's counters (`stats[vip_num]`), summed over CPUs: (packets, bytes).
-    pub fn vip_counter(&self, vip_num: u32) -> Result<(u64, u64)> {
-        ensure!(vip_num < MAX_VIPS, "vip_num {vip_num} out of range");
-        self.stats_entry(vip_num)
-    }
-
     /// A one-line summary of the global counters, for error messages when the balancer did not
     /// forward a packet.
     pub fn counters_summary(&self) -> String {
@@ -375,7 +319,10 @@ impl Katran {
         let map = self.map("stats")?;
         sys::map_lookup(map.as_fd(), &key.to_ne_bytes(), &mut buf).with_context(|| format!("reading stats[{key}]"))?;
         Ok(buf.chunks_exact(16).fold((0, 0), |(v1, v2), c| {
-            (v1 + u64::from_ne_bytes(c[0..8].try_into().unwrap()), v2 + u64::from_ne_bytes(c[8..16].try_into().unwrap()))
+            (
+                v1 + u64::from_ne_bytes(c[0..8].try_into().unwrap()),
+                v2 + u64::from_ne_bytes(c[8..16].try_into().unwrap()),
+            )
         }))
     }
 
@@ -420,7 +367,9 @@ impl Katran {
     /// (an error otherwise, so a test never removes a program it did not put there).
     pub fn unregister(&self, forward_pin: &Path, slot: u32) -> Result<()> {
         let array = open_prog_array(forward_pin, slot)?;
-        match slot_prog_id(array.as_fd(), slot).with_context(|| format!("reading {} slot {slot}", forward_pin.display()))? {
+        match slot_prog_id(array.as_fd(), slot)
+            .with_context(|| format!("reading {} slot {slot}", forward_pin.display()))?
+        {
             Some(id) if id == self.prog_id => {}
             Some(id) => bail!(
                 "{} slot {slot} holds program {id}, not Katran's balancer ({}): not removing it",
@@ -535,187 +484,8 @@ fn possible_cpus() -> Result<usize> {
     max.map(|m| m + 1).with_context(|| format!("no CPUs in {path}: {text:?}"))
 }
 
-/// The outcome of one [`prog_test_run`].
-#[derive(Debug, Clone)]
-pub struct TestRun {
-    /// The program's return value: an XDP verdict ([`XDP_TX`], [`XDP_PASS`], [`XDP_DROP`], ...).
-    pub verdict: u32,
-    /// The frame as the program left it (after `bpf_xdp_adjust_head` and rewrites).
-    pub frame: Vec<u8>,
-}
-
-/// Runs an XDP program once on `frame` with `BPF_PROG_TEST_RUN` and returns its verdict and the
-/// frame it produced. The output buffer leaves 256 bytes for headers the program adds.
-pub fn prog_test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> Result<TestRun> {
-    let mut out = vec![0u8; frame.len() + 256];
-    let (verdict, len) = sys::prog_test_run(prog, frame, &mut out).context("BPF_PROG_TEST_RUN")?;
-    out.truncate(len);
-    Ok(TestRun { verdict, frame: out })
-}
-
-/// A TCP segment from a client to a VIP, as the balancer receives it: Ethernet + IPv4 (no options,
-/// DF set, TTL 64) + a 20-byte TCP header + payload, checksums filled in.
-#[derive(Debug, Clone)]
-pub struct TcpSegment<'a> {
-    /// Ethernet source, by default [`CLIENT_MAC`].
-    pub src_mac: [u8; 6],
-    /// Ethernet destination, by default [`LB_MAC`].
-    pub dst_mac: [u8; 6],
-    /// Client address and port.
-    pub client: SocketAddrV4,
-    /// VIP address and port.
-    pub vip: SocketAddrV4,
-    /// TCP flags ([`TCP_SYN`], [`TCP_ACK`], ...).
-    pub flags: u8,
-    /// Sequence number.
-    pub seq: u32,
-    /// Acknowledgement number.
-    pub ack: u32,
-    /// Payload bytes.
-    pub payload: &'a [u8],
-}
-
-impl<'a> TcpSegment<'a> {
-    /// A connection-opening SYN (Katran skips its LRU lookup for SYNs and always consults the
-    /// ring).
-    pub fn syn(client: SocketAddrV4, vip: SocketAddrV4) -> TcpSegment<'static> {
-        TcpSegment {
-            src_mac: CLIENT_MAC,
-            dst_mac: LB_MAC,
-            client,
-            vip,
-            flags: TCP_SYN,
-            seq: 1000,
-            ack: 0,
-            payload: &[],
-        }
-    }
-
-    /// A data segment (PSH|ACK) of an established connection (Katran looks it up in its LRU first).
-    pub fn data(client: SocketAddrV4, vip: SocketAddrV4, payload: &'a [u8]) -> TcpSegment<'a> {
-        TcpSegment { flags: TCP_PSH | TCP_ACK, seq: 1001, ack: 5001, payload, ..TcpSegment::syn(client, vip) }
-    }
-
-    /// The frame's bytes.
-    pub fn frame(&self) -> Vec<u8> {
-        let ip_len = 20 + 20 + self.payload.len();
-        let mut f = Vec::with_capacity(14 + ip_len);
-        f.extend_from_slice(&self.dst_mac);
-        f.extend_from_slice(&self.src_mac);
-        f.extend_from_slice(&0x0800u16.to_be_bytes());
-        // IPv4 header.
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-        ip[6..8].copy_from_slice(&0x4000u16.to_be_bytes()); // DF, no fragmentation
-        ip[8] = 64;
-        ip[9] = libc::IPPROTO_TCP as u8;
-        ip[12..16].copy_from_slice(&self.client.ip().octets());
-        ip[16..20].copy_from_slice(&self.vip.ip().octets());
-        let check = checksum(&[&ip]);
-        ip[10..12].copy_from_slice(&check.to_be_bytes());
-        f.extend_from_slice(&ip);
-        // TCP header.
-        let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&self.client.port().to_be_bytes());
-        tcp[2..4].copy_from_slice(&self.vip.port().to_be_bytes());
-        tcp[4..8].copy_from_slice(&self.seq.to_be_bytes());
-        tcp[8..12].copy_from_slice(&self.ack.to_be_bytes());
-        tcp[12] = 5 << 4;
-        tcp[13] = self.flags;
-        tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
-        let tcp_len = (20 + self.payload.len()) as u16;
-        let mut pseudo = [0u8; 12];
-        pseudo[0..4].copy_from_slice(&self.client.ip().octets());
-        pseudo[4..8].copy_from_slice(&self.vip.ip().octets());
-        pseudo[9] = libc::IPPROTO_TCP as u8;
-        pseudo[10..12].copy_from_slice(&tcp_len.to_be_bytes());
-        let check = checksum(&[&pseudo, &tcp, self.payload]);
-        tcp[16..18].copy_from_slice(&check.to_be_bytes());
-        f.extend_from_slice(&tcp);
-        f.extend_from_slice(self.payload);
-        f
-    }
-}
-
-/// The Internet checksum (RFC 1071) over the concatenation of `parts`.
-fn checksum(parts: &[&[u8]]) -> u16 {
-    let mut sum = 0u32;
-    let mut odd: Option<u8> = None;
-    for &b in parts.iter().flat_map(|p| p.iter()) {
-        match odd.take() {
-            Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
-            None => odd = Some(b),
-        }
-    }
-    if let Some(hi) = odd {
-        sum += u32::from(u16::from_be_bytes([hi, 0]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// What [`check_ipip`] read from a frame the balancer encapsulated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ipip {
-    /// Ethernet destination: `ctl_array[0]`, the default router's MAC.
-    pub dst_mac: [u8; 6],
-    /// Ethernet source: the original frame's destination MAC.
-    pub src_mac: [u8; 6],
-    /// Outer source: Katran's `172.16.x.y`, x.y derived from the client's address and port
-    /// (`IPIP_V4_PREFIX`, `create_encap_ipv4_src`).
-    pub outer_src: Ipv4Addr,
-    /// Outer destination: the real.
-    pub outer_dst: Ipv4Addr,
-    /// Outer TTL (Katran's `DEFAULT_TTL`, 64).
-    pub outer_ttl: u8,
-}
-
-/// Checks that `out`, a frame the balancer produced from `original`, is `original`'s IPv4 packet
-/// IPIP-encapsulated to `real`: Ethernet type IPv4; an outer IPv4 header without options, protocol
-/// 4, destination `real`, a valid checksum and a total length of the inner packet's plus 20;
-/// then the original packet, byte for byte. Returns what it read, for further checks (MACs).
-pub fn check_ipip(out: &[u8], original: &[u8], real: Ipv4Addr) -> Result<Ipip> {
-    ensure!(original.len() >= 34, "original frame too short ({} bytes) for Ethernet + IPv4", original.len());
-    let inner = &original[14..];
-    ensure!(
-        out.len() == 14 + 20 + inner.len(),
-        "output frame is {} bytes, expected {} (14 Ethernet + 20 outer IPv4 + {} inner): not IPIP?\n  out: {}",
-        out.len(),
-        14 + 20 + inner.len(),
-        inner.len(),
-        hex(out)
-    );
-    let ethertype = u16::from_be_bytes([out[12], out[13]]);
-    ensure!(ethertype == 0x0800, "output EtherType is {ethertype:#06x}, not IPv4\n  out: {}", hex(out));
-    let outer = &out[14..34];
-    ensure!(outer[0] == 0x45, "outer IP header starts {:#04x}, expected 0x45 (IPv4, 20 bytes)", outer[0]);
-    ensure!(outer[9] == 4, "outer IP protocol is {}, expected 4 (IPIP)\n  out: {}", outer[9], hex(out));
-    let outer_dst = Ipv4Addr::new(outer[16], outer[17], outer[18], outer[19]);
-    ensure!(outer_dst == real, "outer destination is {outer_dst}, expected the real {real}");
-    let tot_len = u16::from_be_bytes([outer[2], outer[3]]) as usize;
-    ensure!(tot_len == 20 + inner.len(), "outer total length is {tot_len}, expected {}", 20 + inner.len());
-    ensure!(checksum(&[outer]) == 0, "outer IPv4 header checksum is wrong\n  outer: {}", hex(outer));
-    if &out[34..] != inner {
-        bail!(
-            "inner packet differs from the original packet\n  inner:    {}\n  original: {}",
-            hex(&out[34..]),
-            hex(inner)
-        );
-    }
-    Ok(Ipip {
-        dst_mac: out[0..6].try_into().unwrap(),
-        src_mac: out[6..12].try_into().unwrap(),
-        outer_src: Ipv4Addr::new(outer[12], outer[13], outer[14], outer[15]),
-        outer_dst,
-        outer_ttl: outer[8],
-    })
-}
-
 /// Bytes as lowercase hex pairs separated by spaces (the form `bpftool map update ... hex` takes).
-pub fn hex(bytes: &[u8]) -> String {
+fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
 }
 
@@ -762,7 +532,6 @@ mod sys {
     const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
     const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
     const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_PROG_TEST_RUN: libc::c_long = 10;
     const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
     pub const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
 
@@ -795,28 +564,6 @@ mod sys {
         bpf_fd: u32,
         info_len: u32,
         info: u64,
-    }
-
-    /// `bpf_attr` for BPF_PROG_TEST_RUN (as in pirate-bench).
-    #[repr(C)]
-    #[derive(Default)]
-    struct TestRunAttr {
-        prog_fd: u32,
-        retval: u32,
-        data_size_in: u32,
-        data_size_out: u32,
-        data_in: u64,
-        data_out: u64,
-        repeat: u32,
-        duration: u32,
-        ctx_size_in: u32,
-        ctx_size_out: u32,
-        ctx_in: u64,
-        ctx_out: u64,
-        flags: u32,
-        cpu: u32,
-        batch_size: u32,
-        _pad: u32,
     }
 
     /// The head of `struct bpf_map_info` (the kernel fills only `info_len` bytes).
@@ -852,7 +599,8 @@ mod sys {
     }
 
     pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-        let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let c =
+            CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut attr = ObjAttr { pathname: c.as_ptr() as u64, ..Default::default() };
         let fd = bpf(BPF_OBJ_GET, &mut attr)?;
         // SAFETY: BPF_OBJ_GET returned a new file descriptor that nothing else owns.
@@ -900,20 +648,5 @@ mod sys {
 
     pub fn prog_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
         info::<ProgInfo>(prog).map(|i| i.id)
-    }
-
-    /// Returns (verdict, output length).
-    pub fn prog_test_run(prog: BorrowedFd<'_>, data: &[u8], out: &mut [u8]) -> io::Result<(u32, usize)> {
-        let mut attr = TestRunAttr {
-            prog_fd: prog.as_raw_fd() as u32,
-            data_size_in: data.len() as u32,
-            data_in: data.as_ptr() as u64,
-            data_size_out: out.len() as u32,
-            data_out: out.as_mut_ptr() as u64,
-            repeat: 1,
-            ..Default::default()
-        };
-        bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-        Ok((attr.retval, (attr.data_size_out as usize).min(out.len())))
     }
 }

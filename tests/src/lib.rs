@@ -3,6 +3,7 @@
 //! Everything here runs as root and tears down what it creates.
 
 pub mod clients;
+pub mod katran;
 pub mod linkem;
 pub mod netns;
 pub mod servers;

@@ -2,11 +2,7 @@
 //! program of the chain reads, and the chain's slot numbers. Programs never parse a frame again:
 //! the verifier keeps nothing across a tail call, so what they share travels in this struct.
 
-use crate::{
-    flow::FlowKey,
-    parse::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    tracker::PacketInfo,
-};
+use crate::key::FlowKey;
 
 /// `CHAIN` slot of `pirate` (inter-packet-gap modes). Capabilities run in slot order.
 pub const CHAIN_PIRATE: u32 = 0;
@@ -47,18 +43,6 @@ pub struct PacketCtx {
 
 const _: () = assert!(size_of::<PacketCtx>() == 72);
 
-impl PacketCtx {
-    /// What the trackers need of the packet.
-    #[inline(always)]
-    pub fn info(&self) -> PacketInfo {
-        if self.key.proto != IPPROTO_TCP {
-            return PacketInfo { payload: self.payload, pure_ack: false, ack: None, data_end: 0 };
-        }
-        let flags = self.tcp_flags;
-        let pure_ack = self.payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
-        // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number
-        // too: the first one is new (it ends the last batch), a retransmitted one is not.
-        let data_end = self.seq.wrapping_add(self.payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
-        PacketInfo { payload: self.payload, pure_ack, ack: (flags & TCP_ACK != 0).then_some(self.ack), data_end }
-    }
-}
+// SAFETY: plain data, no padding (the size assertion above).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PacketCtx {}

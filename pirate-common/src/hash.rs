@@ -1,7 +1,7 @@
 //! The flow hash the root writes into every packet's context, and userspace recomputes: one
 //! function for both, so a flow lands in the same fridge, bank or backend on either side.
 
-use crate::flow::FlowKey;
+use crate::key::FlowKey;
 
 /// A 32-bit hash of the whole key (murmur3's word mixing and finaliser).
 #[inline(always)]

@@ -4,7 +4,7 @@
 
 use crate::{
     ctx::PacketCtx,
-    flow::{FlowKey, FAMILY_V4, FAMILY_V6},
+    key::{FlowKey, FAMILY_V4, FAMILY_V6},
 };
 
 /// Bytes of a frame, read with bounds checks. The XDP implementation checks against

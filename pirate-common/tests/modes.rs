@@ -1,6 +1,6 @@
 //! Alg. 2 (mode maintenance) against its invariants, on arbitrary gap streams.
 
-use pirate_common::modes::{Epsilon, Modes, Placed, SUM_SHIFT};
+use pirate_common::pirate::modes::{Epsilon, Modes, Placed, SUM_SHIFT};
 use proptest::prelude::*;
 
 fn check_invariants<const M: usize>(m: &Modes<M>, eps: Epsilon, max_modes: u32) {

@@ -7,9 +7,9 @@
 
 use pirate_common::{
     ctx::PacketCtx,
-    flow::{FlowKey, FAMILY_V4, FAMILY_V6},
+    key::{FlowKey, FAMILY_V4, FAMILY_V6},
     parse::{parse, Reject},
-    tracker::PacketInfo,
+    pirate::tracker::PacketInfo,
 };
 use proptest::{
     prelude::*,
@@ -399,7 +399,7 @@ fn parse_ctx(b: &[u8]) -> Result<PacketCtx, Reject> {
 }
 
 fn parse_bytes(b: &[u8]) -> Result<(FlowKey, PacketInfo), Reject> {
-    parse_ctx(b).map(|ctx| (ctx.key, ctx.info()))
+    parse_ctx(b).map(|ctx| (ctx.key, PacketInfo::of(&ctx)))
 }
 
 /// Builds `pkt` and checks it parses into the key, info and header offsets it was built with.
@@ -1057,7 +1057,7 @@ fn parsing_resets_the_previous_packets_context() {
     parse(Pkt::tcp6(ACK | PSH, 100, vec![Ext::HopByHop(0)]).build().bytes.as_slice(), &mut ctx).unwrap();
     let v4 = Pkt::udp4(30);
     parse(v4.build().bytes.as_slice(), &mut ctx).unwrap();
-    assert_eq!((ctx.key, ctx.info()), (v4.expected_key(), v4.expected_info()));
+    assert_eq!((ctx.key, PacketInfo::of(&ctx)), (v4.expected_key(), v4.expected_info()));
     assert_eq!((ctx.seq, ctx.ack, ctx.tcp_flags), (0, 0, 0));
     assert_eq!(parse(arp_frame(&[]).as_slice(), &mut ctx), Err(Reject::NotIp));
     assert_eq!(ctx.key, FlowKey::default());

@@ -1,18 +1,18 @@
-//! The per-packet step (`pirate_common::tracker::on_packet`): Alg. 1 (fixed-threshold causal
+//! The per-packet step (`pirate_common::pirate::tracker::on_packet`): Alg. 1 (fixed-threshold causal
 //! pairs), Alg. 2 insertion and the §3.4 heuristics, driven with hand-made timestamps. The XDP
 //! program calls the same function, so this is the specification of the kernel's bookkeeping.
 //!
 //! Expected values are computed from the timestamps and payloads the tests feed in.
 
 use pirate_common::{
-    batch_break::BreakRules,
-    config::{
+    pirate::batch_break::BreakRules,
+    pirate::config::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
         FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
     },
-    flow::FlowState,
-    modes::{Modes, Placed, SUM_SHIFT},
-    tracker::{on_packet, PacketInfo, Step},
+    pirate::flow::FlowState,
+    pirate::modes::{Modes, Placed, SUM_SHIFT},
+    pirate::tracker::{on_packet, PacketInfo, Step},
 };
 use proptest::{
     prelude::*,

@@ -5,10 +5,11 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use pirate_common::{
-    config::{Params, MODES_COMPACT, MODES_WIDE},
     counters,
     ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
-    flow::{FlowKey, FlowState},
+    key::FlowKey,
+    pirate::config::{Params, MODES_COMPACT, MODES_WIDE},
+    pirate::flow::FlowState,
 };
 
 /// Written once by pirated before attaching.

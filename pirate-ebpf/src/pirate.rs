@@ -1,13 +1,16 @@
 //! `pirate`, the `CHAIN_PIRATE` capability: feeds each parsed packet to its flow's Pirate state
-//! (Alg. 1 and 2, `pirate_common::tracker`) and hands finished epochs to pirated. One program
+//! (Alg. 1 and 2, `pirate_common::pirate::tracker`) and hands finished epochs to pirated. One program
 //! per flow-state layout; pirated chains the one it configured.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::xdp, maps::LruHashMap, programs::XdpContext};
 use pirate_common::{
     counters,
     ctx::{PacketCtx, CHAIN_PIRATE},
-    flow::{EpochRecord, FlowKey, FlowState},
-    tracker::{on_packet, Step},
+    key::FlowKey,
+    pirate::{
+        flow::{EpochRecord, FlowState},
+        tracker::{step, Step},
+    },
 };
 
 use crate::{
@@ -41,13 +44,7 @@ fn measure<const M: usize>(flows: &LruHashMap<FlowKey, FlowState<M>>) {
     };
     // SAFETY: a live map value; the flow's packets are processed on one CPU at a time.
     let st = unsafe { &mut *st };
-    if st.epoch != epoch {
-        if st.hand_over_due(epoch) {
-            hand_over(&pkt.key, st);
-        }
-        st.start_epoch(epoch, params);
-    }
-    count(match on_packet(st, pkt.ts_ns, pkt.info(), params) {
+    count(match step(st, epoch, pkt, params, |finished| hand_over(&pkt.key, finished)) {
         Step::SkippedPureAck => counters::PURE_ACK,
         Step::SkippedRetransmission => counters::RETRANSMISSION,
         Step::First => counters::NEW_FLOW,

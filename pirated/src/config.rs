@@ -4,7 +4,7 @@
 use std::{fmt, net::SocketAddr, path::Path, str::FromStr, time::Duration};
 
 use anyhow::{bail, Context};
-use pirate_common::batch_break::BreakRules;
+use pirate_common::pirate::batch_break::BreakRules;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -24,7 +24,7 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PirateConfig {
-    pub estimator: crate::estimate::Estimator,
+    pub estimator: crate::pirate::estimate::Estimator,
     pub modes: u32,
     pub epsilon: Dur,
     pub epsilon_relative: f64,
@@ -79,7 +79,7 @@ impl Default for Config {
 impl Default for PirateConfig {
     fn default() -> Self {
         PirateConfig {
-            estimator: crate::estimate::Estimator::default(),
+            estimator: crate::pirate::estimate::Estimator::default(),
             modes: 10,
             epsilon: Dur(Duration::from_micros(100)),
             epsilon_relative: 0.05,
@@ -108,7 +108,7 @@ impl Default for MetricsConfig {
     }
 }
 
-pub const MAX_MODES: u32 = pirate_common::config::MODES_WIDE as u32;
+pub const MAX_MODES: u32 = pirate_common::pirate::config::MODES_WIDE as u32;
 
 impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
@@ -204,17 +204,17 @@ impl Config {
     }
 
     /// Both estimators' settings.
-    pub fn estimation(&self) -> crate::estimate::Settings {
+    pub fn estimation(&self) -> crate::pirate::estimate::Settings {
         let p = &self.pirate;
-        crate::estimate::Settings {
-            paper: crate::estimate::pirate::Denoise {
+        crate::pirate::estimate::Settings {
+            paper: crate::pirate::estimate::paper::Denoise {
                 idle_floor_ns: p.idle_floor.as_nanos(),
                 min_mode_share: p.min_mode_share,
                 min_time_share: p.min_time_share,
                 prefer_candidates: p.mark_after_short,
                 min_ibg_gaps: p.min_ibg_gaps,
             },
-            batches: crate::estimate::batches::Break {
+            batches: crate::pirate::estimate::batches::Break {
                 idle_floor_ns: p.idle_floor.as_nanos(),
                 rules: self.break_rules(),
                 min_upper_time_share: p.min_break_time_share,
@@ -229,8 +229,8 @@ impl Config {
     }
 
     /// The datapath's view of the configuration.
-    pub fn params(&self) -> pirate_common::config::Params {
-        use pirate_common::config::{
+    pub fn params(&self) -> pirate_common::pirate::config::Params {
+        use pirate_common::pirate::config::{
             Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
             FLAG_SKIP_RETRANSMISSIONS,
         };

@@ -1,7 +1,10 @@
-//! The daemon's loop: each epoch tick flips the datapath's epoch, drains the closed one,
-//! estimates, and publishes to metrics and (optionally) JSON lines.
+//! The epoch pipeline: a closed epoch's plain data (from the live datapath or a replay) through
+//! each capability's estimators into reports, then to the sinks (JSON lines, metrics). The
+//! daemon's loop ticks, flips, drains and runs it; replay runs it over a capture's epochs.
 
 use std::{
+    io::Write,
+    path::Path,
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -14,12 +17,45 @@ use tracing::{debug, warn};
 
 use crate::{
     config::Config,
-    datapath::{Datapath, FIRST_EPOCH},
     metrics::Metrics,
-    report::EpochReport,
+    pirate::{
+        estimate::{Estimator, Settings},
+        report::EpochReport,
+    },
+    source::{live::Live, replay, EpochData},
 };
 
-/// The ring buffer's descriptor, owned by the datapath, registered for readiness only.
+/// What turns an epoch's data into reports: the same for the daemon and replay.
+#[derive(Clone, Copy)]
+pub struct Pipeline {
+    settings: Settings,
+    estimator: Estimator,
+    /// Both estimators' per-server quantiles, for the JSON lines (they cost as much again).
+    compare: bool,
+}
+
+impl Pipeline {
+    pub fn new(config: &Config, compare: bool) -> Pipeline {
+        Pipeline { settings: config.estimation(), estimator: config.pirate.estimator, compare }
+    }
+
+    /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime).
+    pub fn run(&self, data: EpochData) -> EpochReport {
+        EpochReport::new(data.epoch, data.flows, &self.settings, self.estimator, self.compare)
+    }
+}
+
+/// `pirated replay`: every epoch of the capture at `path`, as JSON lines on `out`.
+pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
+    let pipeline = Pipeline::new(config, true);
+    let reports: Vec<EpochReport> = replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e)).collect();
+    for r in &reports {
+        r.write_json(out)?;
+    }
+    Ok(reports)
+}
+
+/// The ring buffer's descriptor, owned by the live source, registered for readiness only.
 struct Borrowed(std::os::fd::RawFd);
 
 impl std::os::fd::AsRawFd for Borrowed {
@@ -28,19 +64,19 @@ impl std::os::fd::AsRawFd for Borrowed {
     }
 }
 
-/// Runs epochs until `shutdown` resolves.
+/// Runs epochs until `shutdown` resolves; the partial epoch is closed and reported then too, as
+/// replay does.
 pub async fn run(
     config: &Config,
-    dp: &mut Datapath,
+    live: &mut Live,
     metrics: Arc<Mutex<Metrics>>,
     json: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let settings = config.estimation();
-    // SAFETY: the ring buffer's descriptor belongs to `dp`, which outlives `ring` (this function).
-    let ring = unsafe { AsyncFd::register_with_interest(Borrowed(dp.records_fd()), Interest::READABLE) }
+    let pipeline = Pipeline::new(config, json);
+    // SAFETY: the ring buffer's descriptor belongs to `live`, which outlives `ring` (this function).
+    let ring = unsafe { AsyncFd::register_with_interest(Borrowed(live.records_fd()), Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
-    let mut epoch = FIRST_EPOCH;
     let mut tick = interval(config.epoch.0);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
@@ -50,32 +86,26 @@ pub async fn run(
             _ = tick.tick() => false,
             _ = &mut shutdown => true,
             guard = ring.readable() => {
-                // Between a drain and the next flip every record is stale: keep the ring empty.
                 let mut guard = guard?;
-                dp.discard_records()?;
+                live.discard_stale()?;
                 guard.clear_ready();
                 continue;
             }
         };
-        // On shutdown the partial epoch is closed and reported too, as replay does.
         let started = Instant::now();
-        let closed = epoch;
-        epoch = epoch.wrapping_add(1);
-        dp.set_epoch(epoch)?;
-        // Before the table: flows inserted after this read are in the table, not yet counted.
-        let kernel = dp.counters()?;
-        let drained = dp.drain(closed)?;
-        if drained.inconsistent > 0 {
-            warn!(count = drained.inconsistent, "dropped flow copies read mid-update");
+        let mut data = live.close_epoch()?;
+        let kernel = data.kernel.take().expect("the live source reports the kernel's figures");
+        if kernel.inconsistent > 0 {
+            warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
-        let report = EpochReport::new(closed, drained.flows, &settings, config.pirate.estimator, json);
+        let report = tokio::task::spawn_blocking(move || pipeline.run(data)).await?;
         if json {
             report.write_json(&mut std::io::stdout().lock())?;
         }
         let mut m = metrics.lock().unwrap();
-        m.publish(&report, &kernel, drained.tracked);
+        m.publish(&report, &kernel);
         m.observe_epoch_time(started.elapsed());
-        debug!(epoch = closed, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
+        debug!(epoch = report.epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {
             return Ok(());
         }

@@ -1,12 +1,10 @@
 //! pirated's library: everything but the command line, so tests and xtask can drive it.
+//! Shared layers at the top (config, datapath, sources, the epoch pipeline, metrics), a folder
+//! per capability.
 
 pub mod config;
 pub mod datapath;
 pub mod epoch;
-pub mod estimate;
-pub mod flow;
-pub mod map_batch;
 pub mod metrics;
-pub mod replay;
-pub mod report;
-pub mod test_run;
+pub mod pirate;
+pub mod source;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
-use pirated::{config::Config, datapath::Datapath, epoch, metrics, replay};
+use pirated::{config::Config, datapath::Datapath, epoch, metrics, source::live::Live};
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
 ///
@@ -108,7 +108,7 @@ fn main() {
         Some(Command::Run(args)) => run(args.or(cli.run)),
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
-            .and_then(|c| replay::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
+            .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
     };
     if let Err(e) = result {
         eprintln!("pirated: error: {e:#}");
@@ -147,13 +147,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding the metrics listener on {}", config.metrics.listen))?;
         tracing::info!(listen = %config.metrics.listen, "serving /metrics");
         let shutdown = shutdown_signal()?;
-        let mut dp = Datapath::attach(&config)?;
+        let mut live = Live::new(Datapath::attach(&config)?)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let json = args.output == Some(Output::Json);
-        let result = epoch::run(&config, &mut dp, metrics, json, shutdown).await;
+        let result = epoch::run(&config, &mut live, metrics, json, shutdown).await;
         server.abort();
         tracing::info!("detaching");
-        drop(dp);
+        drop(live);
         result
     })
 }

@@ -1,4 +1,6 @@
-//! Prometheus metrics and their HTTP exposition (`GET /metrics`).
+//! The Prometheus registry and its HTTP exposition (`GET /metrics`), with the datapath-wide
+//! figures (packet outcomes, the chain's end, the epoch loop); each capability registers and
+//! publishes its own families (`pirate::metrics`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -21,25 +23,10 @@ use tracing::{debug, warn};
 
 use pirate_common::counters;
 
-use crate::report::EpochReport;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ServerLabel {
-    server: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QuantileLabel {
-    server: String,
-    quantile: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BoundLabel {
-    server: String,
-    quantile: String,
-    bound: &'static str,
-}
+use crate::{
+    pirate::{self, report::EpochReport},
+    source::Kernel,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
@@ -48,21 +35,10 @@ struct OutcomeLabel {
 
 pub struct Metrics {
     registry: Registry,
-    server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
-    server_quantile: Family<QuantileLabel, Gauge<f64, AtomicU64>>,
-    server_quantile_bound: Family<BoundLabel, Gauge<f64, AtomicU64>>,
-    server_flows: Family<ServerLabel, Gauge>,
-    server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
-    server_batches: Family<ServerLabel, Counter>,
+    pirate: pirate::metrics::Metrics,
     last_epoch: Gauge<f64, AtomicU64>,
     tail_call_misses: Counter,
-    flow_latency: Histogram,
-    flows_tracked: Gauge,
-    flows_active: Gauge,
-    flows_evicted: Counter,
     packets: Family<OutcomeLabel, Counter>,
-    records_lost: Counter,
-    gaps_discarded: Counter,
     epochs: Counter,
     epoch_seconds: Histogram,
     /// Kernel counters are absolute; the Prometheus counters advance by the difference.
@@ -78,58 +54,17 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("pirated");
+        let pirate = pirate::metrics::Metrics::register(&mut registry);
         let m = Metrics {
-            server_latency: Family::default(),
-            server_quantile: Family::default(),
-            server_quantile_bound: Family::default(),
-            server_flows: Family::default(),
-            server_seconds: Family::default(),
-            server_batches: Family::default(),
+            pirate,
             last_epoch: Gauge::default(),
             tail_call_misses: Counter::default(),
-            // 50 µs … ~21.6 s, ×1.5 per bucket.
-            flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
-            flows_tracked: Gauge::default(),
-            flows_evicted: Counter::default(),
-            flows_active: Gauge::default(),
             packets: Family::default(),
-            records_lost: Counter::default(),
-            gaps_discarded: Counter::default(),
             epochs: Counter::default(),
             epoch_seconds: Histogram::new(exponential_buckets(100e-6, 2.0, 16)),
             last_kernel: [0; counters::COUNT as usize],
             registry: Registry::default(),
         };
-        registry.register(
-            "server_response_latency_seconds",
-            "Mean response latency per server (destination address:port) over the last epoch, from the configured estimator",
-            m.server_latency.clone(),
-        );
-        registry.register(
-            "server_response_latency_quantile_seconds",
-            "Response-latency quantiles (0.5, 0.9, 0.99) per server over the last epoch's batches, from the configured estimator's batch-ending modes",
-            m.server_quantile.clone(),
-        );
-        registry.register(
-            "server_response_latency_quantile_bound_seconds",
-            "Where each quantile lies (bound=lower|upper) wherever the gaps are inside their modes, each batch taken to spend its flow's mean time inside a batch",
-            m.server_quantile_bound.clone(),
-        );
-        registry.register(
-            "server_flows",
-            "Flows with an estimate per server in the last epoch",
-            m.server_flows.clone(),
-        );
-        registry.register(
-            "server_response_seconds",
-            "Response time measured per server (sum of the per-batch latencies); rate() of it over rate() of server_batches_total is the mean latency over any window",
-            m.server_seconds.clone(),
-        );
-        registry.register(
-            "server_batches",
-            "Request batches (responses waited for) measured per server",
-            m.server_batches.clone(),
-        );
         registry.register(
             "last_epoch_timestamp_seconds",
             "When the last epoch was published (Unix time)",
@@ -140,29 +75,7 @@ impl Metrics {
             "Packets that reached the end of the chain with no forwarder in FORWARD to take them (passed)",
             m.tail_call_misses.clone(),
         );
-        registry.register(
-            "flow_response_latency_seconds",
-            "Per-flow, per-epoch response latency estimates",
-            m.flow_latency.clone(),
-        );
-        registry.register("flows_tracked", "Entries in the datapath's flow table", m.flows_tracked.clone());
-        registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
-        registry.register(
-            "flows_evicted",
-            "Flow-table entries the LRU table evicted for newer flows; one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
-            m.flows_evicted.clone(),
-        );
-        registry.register("packets", "Packets seen by the XDP program, by outcome", m.packets.clone());
-        registry.register(
-            "epoch_records_lost",
-            "Finished flow epochs the datapath could not hand over (ring buffer full)",
-            m.records_lost.clone(),
-        );
-        registry.register(
-            "gaps_discarded",
-            "Inter-packet gaps dropped because a flow had no free mode",
-            m.gaps_discarded.clone(),
-        );
+        registry.register("packets", "Packets seen by the XDP chain, by outcome", m.packets.clone());
         registry.register("epochs", "Epochs processed", m.epochs.clone());
         registry.register(
             "epoch_processing_seconds",
@@ -172,46 +85,19 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Publishes one epoch: per-server gauges are replaced, counters advance.
-    pub fn publish(&mut self, report: &EpochReport, kernel: &[u64; counters::COUNT as usize], tracked: usize) {
-        self.server_latency.clear();
-        self.server_quantile.clear();
-        self.server_quantile_bound.clear();
-        self.server_flows.clear();
-        for s in report.servers() {
-            let label = ServerLabel { server: s.server.to_string() };
-            for q in &s.quantiles {
-                let (server, quantile) = (label.server.clone(), q.q.to_string());
-                let bound = |bound| BoundLabel { server: server.clone(), quantile: quantile.clone(), bound };
-                self.server_quantile_bound.get_or_create(&bound("lower")).set(q.lower_ns / 1e9);
-                self.server_quantile_bound.get_or_create(&bound("upper")).set(q.upper_ns / 1e9);
-                self.server_quantile.get_or_create(&QuantileLabel { server, quantile }).set(q.estimate_ns / 1e9);
-            }
-            self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
-            self.server_flows.get_or_create(&label).set(s.flows as i64);
-            self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
-            self.server_batches.get_or_create(&label).inc_by(s.batches);
+    /// Publishes one epoch: per-label gauges are replaced, counters advance.
+    pub fn publish(&mut self, report: &EpochReport, kernel: &Kernel) {
+        let now = &kernel.counters;
+        let delta: [u64; counters::COUNT as usize] =
+            std::array::from_fn(|i| now[i].saturating_sub(self.last_kernel[i]));
+        self.pirate.publish(report, kernel, &delta);
+        for (d, name) in delta.iter().zip(counters::NAMES).take(counters::OUTCOMES as usize) {
+            self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(*d);
         }
-        for e in report.flows.iter().filter_map(|r| r.estimate(report.estimator)) {
-            self.flow_latency.observe(e.estimate_ns / 1e9);
-        }
-        self.flows_tracked.set(tracked as i64);
-        // pirated never deletes entries: every flow inserted and no longer in the table was
-        // evicted. The counters are read before the table (`epoch::run`), so this never runs ahead.
-        let evicted = kernel[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(tracked as u64);
-        self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
-        self.flows_active.set(report.flows.len() as i64);
-        let outcomes = counters::OUTCOMES as usize;
-        for ((now, last), name) in kernel.iter().zip(&self.last_kernel).zip(counters::NAMES).take(outcomes) {
-            self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(now.saturating_sub(*last));
-        }
-        let delta = |i: u32| kernel[i as usize].saturating_sub(self.last_kernel[i as usize]);
-        self.records_lost.inc_by(delta(counters::EVENT_RECORD_LOST));
-        self.tail_call_misses.inc_by(delta(counters::EVENT_NO_TAIL_CALL));
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        self.last_epoch.set(now.as_secs_f64());
-        self.last_kernel = *kernel;
-        self.gaps_discarded.inc_by(report.discarded());
+        self.tail_call_misses.inc_by(delta[counters::EVENT_NO_TAIL_CALL as usize]);
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.last_epoch.set(wall.as_secs_f64());
+        self.last_kernel = *now;
         self.epochs.inc();
     }
 

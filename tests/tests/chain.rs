@@ -17,7 +17,10 @@ use pirate_tests::{
     katran::{build_balancer, counter, Katran},
     testbed::{OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
-use pirated::{config::Config, datapath::Datapath, test_run::test_run};
+use pirated::{
+    config::Config,
+    datapath::{test_run::test_run, Datapath},
+};
 use proptest::{
     prelude::*,
     test_runner::{Config as ProptestConfig, TestCaseError, TestRunner},

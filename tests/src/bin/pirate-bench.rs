@@ -13,8 +13,8 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use pirated::{
     config::{Config, Dur},
-    datapath::Datapath,
-    test_run::test_run,
+    datapath::{test_run::test_run, Datapath},
+    pirate::drain::Records,
 };
 
 #[derive(Parser)]
@@ -102,7 +102,7 @@ fn main() -> Result<()> {
     }
     // The epoch drain over the full table (pirated does this once per epoch).
     let started = std::time::Instant::now();
-    let tracked = dp.drain(0)?.tracked;
+    let tracked = Records::take(&mut dp)?.drain(&dp, 0)?.tracked;
     let drain = started.elapsed();
 
     let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::{
+use crate::pirate::{
     estimate::{per_server, quantile::Quantile, Estimator, FlowEstimate, ServerEstimate, Settings},
     flow::{client, proto_name, server, FlowEpoch},
 };

@@ -1,36 +1,17 @@
-//! Flow keys and per-flow state, exactly as they sit in the `FLOWS` map.
+//! Per-flow Pirate state, exactly as it sits in the `FLOWS` map, and the record that hands a
+//! finished epoch to pirated.
 
-use crate::{
+use super::{
     batch_break,
     config::{Params, FLAG_ADAPTIVE_DELTA, MIN_GAPS_FOR_BREAK},
     modes::Modes,
 };
-
-pub const FAMILY_V4: u8 = 4;
-pub const FAMILY_V6: u8 = 6;
+use crate::key::FlowKey;
 
 /// `FlowState::status` bits.
 pub const STARTED: u8 = 1;
 pub const ACK_SEEN: u8 = 2;
 pub const SEQ_SEEN: u8 = 4;
-
-/// Direction-aware 5-tuple: client→server and server→client are different flows.
-/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero. 4-byte aligned so that
-/// the flow hash reads it as words.
-#[repr(C, align(4))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FlowKey {
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-    /// Host byte order.
-    pub sport: u16,
-    pub dport: u16,
-    /// IP protocol number (6 TCP, 17 UDP).
-    pub proto: u8,
-    /// `FAMILY_V4` or `FAMILY_V6`.
-    pub family: u8,
-    pub _pad: [u8; 2],
-}
 
 /// Per-flow state. Timestamps are the datapath's monotonic clock (`bpf_ktime_get_ns`, or the
 /// capture's clock in replay). The continuity fields survive an epoch change; the measurement

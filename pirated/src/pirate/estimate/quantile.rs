@@ -11,7 +11,7 @@
 //! to a maximum far out (1.07–1.67 ms around a 1.13 ms bulk in one 1 ms run). A uniform spread,
 //! or the maximum-entropy exponential from the minimum, put the bulk too low and the tail too
 //! heavy: p90 +10 % and +5 % there, against +3 % for this shape. With the span cap
-//! (`pirate_common::modes::Epsilon::span`) modes are at most `mode_span` ε wide (default 2)
+//! (`pirate_common::pirate::modes::Epsilon::span`) modes are at most `mode_span` ε wide (default 2)
 //! unless a full table had to merge or widen them, so the shape matters little: the modes'
 //! counts place the tail (a thin tail over 5.6–8.6 ms behind a 5.3 ms bulk: p99 −26.6 % from
 //! Alg. 2's one chained mode, +0.1 % from the capped ones). Wherever the gaps really are
@@ -23,7 +23,7 @@
 //! ms for 64 K flows of two modes each, on this 2-core machine).
 
 use super::FlowEstimate;
-use crate::flow::Mode;
+use crate::pirate::flow::Mode;
 
 /// The quantiles reported per server.
 pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];

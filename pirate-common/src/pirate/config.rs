@@ -47,7 +47,7 @@ pub struct Params {
     /// `FLAG_*` bits.
     pub flags: u32,
     /// The break between intra- and inter-batch gaps (adaptive δ).
-    pub rules: crate::batch_break::BreakRules,
+    pub rules: super::batch_break::BreakRules,
 }
 
 impl Params {
@@ -55,7 +55,7 @@ impl Params {
         self.flags & flag != 0
     }
 
-    pub const fn epsilon(&self) -> crate::modes::Epsilon {
-        crate::modes::Epsilon { abs_ns: self.epsilon_ns, rel_q20: self.epsilon_rel_q20, span: self.mode_span as u32 }
+    pub const fn epsilon(&self) -> super::modes::Epsilon {
+        super::modes::Epsilon { abs_ns: self.epsilon_ns, rel_q20: self.epsilon_rel_q20, span: self.mode_span as u32 }
     }
 }

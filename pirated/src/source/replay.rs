@@ -1,71 +1,62 @@
-//! `pirated replay`: the datapath's per-packet code run over a pcap capture, with the same
-//! epochs, estimators and JSON lines as the daemon. Needs no privileges.
+//! The replay source: the datapath's own per-packet code (`pirate_common`'s parser and
+//! `pirate::tracker::step`) run over a pcap capture, cut into epochs as the daemon cuts them.
+//! Needs no privileges.
 
-use std::{collections::HashMap, fs::File, io::Read, io::Write, path::Path};
+use std::{collections::HashMap, fs::File, io::Read, path::Path};
 
 use anyhow::{bail, Context};
 use pirate_common::{
-    config::Params,
     ctx::PacketCtx,
-    flow::{FlowKey, FlowState},
+    key::FlowKey,
     parse::parse,
-    tracker::on_packet,
+    pirate::{config::Params, flow::FlowState, layout::Layout, tracker::step},
+    with_modes,
 };
 
-use crate::{
-    config::Config,
-    datapath::{with_modes, Layout},
-    flow::FlowEpoch,
-    report::EpochReport,
-};
+use super::EpochData;
+use crate::{config::Config, pirate::flow::FlowEpoch};
 
-/// Replays `path` and writes every epoch's JSON lines to `out`. Returns the reports.
-pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
+/// Every epoch of the capture at `path`, cut every `config.epoch` from the first packet's
+/// timestamp and numbered from 1 as in the daemon; the last, partial epoch too.
+pub fn epochs(config: &Config, path: &Path) -> anyhow::Result<Vec<EpochData>> {
     let packets = read_pcap(path)?;
     let params = config.params();
     // The same state layout as the daemon's, so the same modes fit.
-    let reports = with_modes!(Layout::for_modes(config.pirate.modes), M => run::<M>(config, &params, &packets));
-    for r in &reports {
-        r.write_json(out)?;
-    }
-    Ok(reports)
+    Ok(with_modes!(Layout::for_modes(config.pirate.modes), M => run::<M>(config.epoch.as_nanos(), &params, &packets)))
 }
 
-/// Epochs are cut every `config.epoch` from the first packet's timestamp, numbered from 1 as in
-/// the daemon; the last, partial epoch is reported too.
-fn run<const M: usize>(config: &Config, params: &Params, packets: &[(u64, Vec<u8>)]) -> Vec<EpochReport> {
-    let settings = config.estimation();
-    let epoch_ns = config.epoch.as_nanos();
+fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)]) -> Vec<EpochData> {
     let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
-    let mut reports = Vec::new();
-    let Some(&(t0, _)) = packets.first() else { return reports };
+    let mut out = Vec::new();
+    let Some(&(t0, _)) = packets.first() else { return out };
     let mut epoch: u32 = 1;
-    let close = |flows: &HashMap<FlowKey, FlowState<M>>, closed: u32| {
-        let done: Vec<FlowEpoch> = flows
+    // An epoch closes before any packet of the next one: no state is handed over early, as in
+    // the kernel for every flow that stays quiet until the drain.
+    let close = |flows: &HashMap<FlowKey, FlowState<M>>, closed: u32| EpochData {
+        epoch: closed,
+        flows: flows
             .iter()
             .filter(|(_, st)| st.epoch == closed && st.packets > 0)
             .map(|(k, st)| FlowEpoch::from_state(*k, st))
-            .collect();
-        EpochReport::new(closed, done, &settings, config.pirate.estimator, true)
+            .collect(),
+        kernel: None,
     };
+    let mut pkt = PacketCtx::default();
     for (ts, frame) in packets {
         let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;
         while epoch < due {
-            reports.push(close(&flows, epoch));
+            out.push(close(&flows, epoch));
             epoch += 1;
         }
-        let mut pkt = PacketCtx::default();
         if parse(frame.as_slice(), &mut pkt).is_err() {
             continue;
         }
+        pkt.ts_ns = *ts;
         let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
-        if st.epoch != epoch {
-            st.start_epoch(epoch, params);
-        }
-        on_packet(st, *ts, pkt.info(), params);
+        step(st, epoch, &pkt, params, |_| {});
     }
-    reports.push(close(&flows, epoch));
-    reports
+    out.push(close(&flows, epoch));
+    out
 }
 
 /// Reads a classic pcap file (µs or ns timestamps, either byte order, Ethernet link type):

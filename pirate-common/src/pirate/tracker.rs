@@ -1,8 +1,8 @@
 //! The per-packet step of a flow: Alg. 1 (threshold causal pairs) and Alg. 2 (gap modes),
-//! with the §3.4 heuristics and the acknowledgement mark. The XDP program and the replay both
-//! call [`on_packet`].
+//! with the §3.4 heuristics and the acknowledgement mark. The `pirate` XDP program and replay
+//! both call [`step`], the one copy of what a packet does to its flow.
 
-use crate::{
+use super::{
     config::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
         FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
@@ -10,8 +10,12 @@ use crate::{
     flow::{FlowState, ACK_SEEN, SEQ_SEEN, STARTED},
     modes::Placed,
 };
+use crate::{
+    ctx::PacketCtx,
+    parse::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+};
 
-/// What a packet is, as far as the trackers care (filled in by the parser).
+/// What a packet is, as far as the trackers care (read off the packet context).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PacketInfo {
     /// Transport payload bytes (TCP data, UDP datagram body).
@@ -23,6 +27,21 @@ pub struct PacketInfo {
     pub ack: Option<u32>,
     /// TCP (with `ack`): the sequence number just past the segment's data.
     pub data_end: u32,
+}
+
+impl PacketInfo {
+    #[inline(always)]
+    pub fn of(pkt: &PacketCtx) -> PacketInfo {
+        if pkt.key.proto != IPPROTO_TCP {
+            return PacketInfo { payload: pkt.payload, pure_ack: false, ack: None, data_end: 0 };
+        }
+        let flags = pkt.tcp_flags;
+        let pure_ack = pkt.payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
+        // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number
+        // too: the first one is new (it ends the last batch), a retransmitted one is not.
+        let data_end = pkt.seq.wrapping_add(pkt.payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
+        PacketInfo { payload: pkt.payload, pure_ack, ack: (flags & TCP_ACK != 0).then_some(pkt.ack), data_end }
+    }
 }
 
 /// What one packet did to its flow.
@@ -38,6 +57,25 @@ pub enum Step {
     Gap { gap_ns: u64, placed: Placed },
     /// A gap at or above the idle floor: counted, kept out of the modes.
     Idle { gap_ns: u64 },
+}
+
+/// A packet of epoch `epoch` on a flow: a state still holding an earlier epoch first gives it to
+/// `hand_over` (when [`FlowState::hand_over_due`]) and starts this one; then [`on_packet`].
+#[inline(always)]
+pub fn step<const M: usize>(
+    st: &mut FlowState<M>,
+    epoch: u32,
+    pkt: &PacketCtx,
+    p: &Params,
+    hand_over: impl FnOnce(&FlowState<M>),
+) -> Step {
+    if st.epoch != epoch {
+        if st.hand_over_due(epoch) {
+            hand_over(st);
+        }
+        st.start_epoch(epoch, p);
+    }
+    on_packet(st, pkt.ts_ns, PacketInfo::of(pkt), p)
 }
 
 /// Feeds one packet arriving at `now` (ns) to its flow's state.

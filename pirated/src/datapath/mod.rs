@@ -1,33 +1,26 @@
-//! The only module that talks to the kernel: loads the XDP chain (`pirate_root`, which attaches,
-//! and the capability programs it tail-calls through `CHAIN`), pins its maps, advances the epoch
-//! and drains finished epochs into plain data.
+//! The one place that loads, attaches and pins the XDP chain (`pirate_root`, which attaches, and
+//! the capability programs it tail-calls through `CHAIN`), advances the epoch and hands out the
+//! maps the capabilities drain. `map_batch` and `test_run` are the kernel calls aya 0.13 lacks.
+
+pub mod map_batch;
+pub mod test_run;
 
 use std::{
-    collections::HashMap as StdHashMap,
     fs,
     os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
-    maps::{Array, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
     programs::{ProgramError, ProgramFd, Xdp, XdpFlags},
     Ebpf, EbpfLoader,
 };
-use pirate_common::{
-    config::MODES_COMPACT,
-    counters,
-    ctx::CHAIN_PIRATE,
-    flow::{EpochRecord, FlowKey, FlowState},
-};
+use pirate_common::{counters, ctx::CHAIN_PIRATE, maps, pirate::layout::Layout};
 use tracing::{info, warn};
 
-use crate::{
-    config::{AttachMode, Config},
-    flow::FlowEpoch,
-};
+use crate::config::{AttachMode, Config};
 
 /// The XDP object built from `pirate-ebpf` by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
@@ -37,91 +30,13 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/pirated";
 /// The program attached to the interface: parses once, then tail-calls the chain.
 const ROOT: &str = "pirate_root";
 
-/// Evaluates `$e` with `$m` the mode capacity (a const) of `$layout`: one place that turns the
-/// runtime layout into the compile-time one the flow-state types are generic over.
-macro_rules! with_modes {
-    ($layout:expr, $m:ident => $e:expr) => {
-        match $layout {
-            $crate::datapath::Layout::Compact => {
-                const $m: usize = pirate_common::config::MODES_COMPACT;
-                $e
-            }
-            $crate::datapath::Layout::Wide => {
-                const $m: usize = pirate_common::config::MODES_WIDE;
-                $e
-            }
-        }
-    };
-}
-pub(crate) use with_modes;
-
-/// Flow-state layout: the compact one holds N ≤ 10 modes, the wide one N ≤ 16.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    Compact,
-    Wide,
-}
-
-impl Layout {
-    pub fn for_modes(modes: u32) -> Layout {
-        if modes as usize <= MODES_COMPACT {
-            Layout::Compact
-        } else {
-            Layout::Wide
-        }
-    }
-
-    /// The `pirate` program for this layout, chained at `CHAIN_PIRATE`.
-    fn program(self) -> &'static str {
-        match self {
-            Layout::Compact => "pirate",
-            Layout::Wide => "pirate_wide",
-        }
-    }
-
-    fn flows_map(self) -> &'static str {
-        match self {
-            Layout::Compact => "FLOWS",
-            Layout::Wide => "FLOWS_WIDE",
-        }
-    }
-
-    /// The other layout's table, shrunk to one entry and never pinned.
-    fn unused_flows_map(self) -> &'static str {
-        match self {
-            Layout::Compact => "FLOWS_WIDE",
-            Layout::Wide => "FLOWS",
-        }
-    }
-
-    /// Bytes of one record in the hand-over ring buffer.
-    fn record_size(self) -> usize {
-        with_modes!(self, M => size_of::<EpochRecord<M>>())
-    }
-
-    /// Key plus value bytes of one flow-table entry.
-    pub fn entry_size(self) -> usize {
-        size_of::<FlowKey>() + with_modes!(self, M => size_of::<FlowState<M>>())
-    }
-}
-
-/// What one drain found.
-pub struct Drained {
-    /// Flows that had packets in the closed epoch.
-    pub flows: Vec<FlowEpoch>,
-    /// Entries in the flow table (active or not).
-    pub tracked: usize,
-    /// Copies dropped as torn (read while the datapath rewrote them).
-    pub inconsistent: usize,
-}
-
 pub struct Datapath {
     ebpf: Ebpf,
     layout: Layout,
     /// `pirate`'s program, to put into (or take out of) its `CHAIN` slot.
     pirate: ProgramFd,
-    records: RingBuf<MapData>,
-    records_bytes: u32,
+    /// Size of `pirate`'s hand-over ring buffer.
+    ring_bytes: u32,
     /// Where the maps are pinned, once attached.
     pin_dir: Option<PathBuf>,
     /// Held while attached: one daemon per instance name.
@@ -141,7 +56,7 @@ impl Datapath {
         let mut ebpf = EbpfLoader::new()
             .set_max_entries(layout.flows_map(), config.max_flows)
             .set_max_entries(layout.unused_flows_map(), 1)
-            .set_max_entries("RECORDS", ring_bytes)
+            .set_max_entries(maps::RECORDS, ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
@@ -151,12 +66,17 @@ impl Datapath {
                 }
                 e => anyhow!(e).context("loading the BPF object"),
             })?;
-        Array::<_, pirate_common::config::Params>::try_from(ebpf.map_mut("CONFIG").unwrap())?
+        if let Some(missing) = maps::ALL.iter().find(|name| ebpf.map(name).is_none()) {
+            bail!("the XDP object has no map {missing}: pirated and its datapath were built apart");
+        }
+        Array::<_, pirate_common::pirate::config::Params>::try_from(ebpf.map_mut(maps::CONFIG).unwrap())?
             .set(0, config.params(), 0)
             .context("writing CONFIG")?;
         // Before the program can see a packet: state tagged with an epoch before the first one
         // is never drained (a flow's first packet was lost so when traffic beat the daemon's loop).
-        Array::<_, u32>::try_from(ebpf.map_mut("EPOCH").unwrap())?.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
+        Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?
+            .set(0, FIRST_EPOCH, 0)
+            .context("writing EPOCH")?;
         // The root first: it owns the program arrays, whose later members must match it.
         for name in [ROOT, layout.program()] {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
@@ -164,17 +84,7 @@ impl Datapath {
         }
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
-        let records = RingBuf::try_from(ebpf.take_map("RECORDS").unwrap())?;
-        let mut dp = Datapath {
-            ebpf,
-            layout,
-            pirate,
-            records,
-            records_bytes: ring_bytes,
-            pin_dir: None,
-            lock: None,
-            attached_mode: "none",
-        };
+        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, pin_dir: None, lock: None, attached_mode: "none" };
         dp.chain_pirate(true)?;
         Ok(dp)
     }
@@ -182,7 +92,7 @@ impl Datapath {
     /// Puts `pirate` into its `CHAIN` slot, or empties the slot (the datapath benchmark measures
     /// the root alone so).
     pub fn chain_pirate(&mut self, on: bool) -> anyhow::Result<()> {
-        let mut chain = ProgramArray::try_from(self.ebpf.map_mut("CHAIN").unwrap())?;
+        let mut chain = ProgramArray::try_from(self.ebpf.map_mut(maps::CHAIN).unwrap())?;
         if on {
             chain.set(CHAIN_PIRATE, &self.pirate, 0).context("chaining pirate")?;
         } else {
@@ -247,35 +157,13 @@ impl Datapath {
 
     /// From now on the datapath tags flow state with `epoch`.
     pub fn set_epoch(&mut self, epoch: u32) -> anyhow::Result<()> {
-        Array::<_, u32>::try_from(self.ebpf.map_mut("EPOCH").unwrap())?.set(0, epoch, 0)?;
+        Array::<_, u32>::try_from(self.ebpf.map_mut(maps::EPOCH).unwrap())?.set(0, epoch, 0)?;
         Ok(())
-    }
-
-    /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
-    /// the flip handed their state over through the ring buffer; the others still hold it in the
-    /// table. Never writes to live state.
-    pub fn drain(&mut self, closed: u32) -> anyhow::Result<Drained> {
-        // Let packets already inside the program under the old epoch finish.
-        std::thread::sleep(Duration::from_millis(1));
-        let map = self.ebpf.map(self.layout.flows_map()).unwrap();
-        with_modes!(self.layout, M => drain::<M>(map, &mut self.records, closed))
-    }
-
-    /// The hand-over ring buffer's descriptor, to wait for records on.
-    pub fn records_fd(&self) -> std::os::fd::RawFd {
-        self.records.as_raw_fd()
-    }
-
-    /// Drops the records waiting in the ring buffer. Between a drain and the next epoch flip every
-    /// record is stale (a flow the drain already read from the table, touched again), so pirated
-    /// empties the ring as they come and it never fills.
-    pub fn discard_records(&mut self) -> anyhow::Result<usize> {
-        Ok(with_modes!(self.layout, M => take_records::<M>(&mut self.records)?.len()))
     }
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
-        let map = PerCpuArray::<_, u64>::try_from(self.ebpf.map("COUNTERS").unwrap())?;
+        let map = PerCpuArray::<_, u64>::try_from(self.ebpf.map(maps::COUNTERS).unwrap())?;
         let mut out = [0u64; counters::COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = map.get(&(i as u32), 0)?.iter().sum();
@@ -283,15 +171,24 @@ impl Datapath {
         Ok(out)
     }
 
-    /// Size of the hand-over ring buffer, in bytes.
-    pub fn ring_bytes(&self) -> u64 {
-        self.records_bytes as u64
-    }
-
     /// The kernel's memlock accounting of the flow table, in bytes.
     pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
-        let map = self.ebpf.map(self.layout.flows_map()).unwrap();
-        memlock_of_fd(map_data(map)?.fd().as_fd().as_raw_fd())
+        memlock_of_fd(self.flows()?.fd().as_fd().as_raw_fd())
+    }
+
+    /// Size of `pirate`'s hand-over ring buffer, in bytes.
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_bytes as u64
+    }
+
+    /// `pirate`'s flow table (the configured layout's).
+    pub fn flows(&self) -> anyhow::Result<&MapData> {
+        map_data(self.ebpf.map(self.layout.flows_map()).unwrap())
+    }
+
+    /// Takes map `name` out of the datapath, for the one reader that consumes it (a ring buffer).
+    pub fn take_map(&mut self, name: &str) -> anyhow::Result<Map> {
+        self.ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} was taken already"))
     }
 }
 
@@ -304,46 +201,6 @@ impl Drop for Datapath {
             }
         }
     }
-}
-
-fn drain<const M: usize>(map: &Map, records: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained>
-where
-    FlowState<M>: aya::Pod,
-    EpochRecord<M>: aya::Pod,
-{
-    let mut found: StdHashMap<FlowKey, FlowEpoch> = StdHashMap::new();
-    let mut tracked = 0;
-    crate::map_batch::for_each::<FlowKey, FlowState<M>>(map_data(map)?, |key, state| {
-        tracked += 1;
-        if state.epoch == closed && state.packets > 0 {
-            found.insert(*key, FlowEpoch::from_state(*key, state));
-        }
-    })
-    .context("reading the flow table")?;
-    // After the scan: a flow reset during the scan handed its state over before the reset, and
-    // its record overrides a copy the scan may have read mid-update.
-    for rec in take_records::<M>(records)? {
-        if rec.state.epoch == closed {
-            found.insert(rec.key, FlowEpoch::from_state(rec.key, &rec.state));
-        }
-    }
-    let before = found.len();
-    let flows: Vec<FlowEpoch> = found.into_values().filter(FlowEpoch::is_consistent).collect();
-    Ok(Drained { inconsistent: before - flows.len(), flows, tracked })
-}
-
-/// Every record waiting in the ring buffer.
-fn take_records<const M: usize>(records: &mut RingBuf<MapData>) -> anyhow::Result<Vec<EpochRecord<M>>> {
-    let want = size_of::<EpochRecord<M>>();
-    let mut out = Vec::new();
-    while let Some(item) = records.next() {
-        if item.len() != want {
-            bail!("a {}-byte hand-over record, not {want}: pirated and its XDP object disagree", item.len());
-        }
-        // SAFETY: the datapath wrote an EpochRecord<M> (size checked); read unaligned.
-        out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) });
-    }
-    Ok(out)
 }
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<&'static str> {
@@ -381,7 +238,7 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
 /// Pins the maps an operator may inspect or another program may share (the flow table, counters,
 /// configuration, epoch, and the program arrays: `FORWARD` is where a balancer registers, and the
 /// kernel empties a program array when its last descriptor or pin goes). Not the per-CPU
-/// scratch maps; the ring buffer has been taken by pirated already.
+/// scratch maps, nor the hand-over ring buffer, which is pirated's alone to consume.
 fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     if dir.exists() {
         // A previous run that died without cleaning up; its pins hold nothing we reuse.
@@ -390,7 +247,7 @@ fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
     ensure_bpffs()?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, map) in ebpf.maps() {
-        let unused = name == "BLANK" || name == "CTX" || name == layout.unused_flows_map();
+        let unused = [maps::BLANK, maps::CTX, maps::RECORDS, layout.unused_flows_map()].contains(&name);
         if !unused {
             map.pin(dir.join(name)).with_context(|| format!("pinning {name} in {}", dir.display()))?;
         }

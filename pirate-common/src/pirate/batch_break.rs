@@ -20,7 +20,7 @@
 //! flight at 1 ms under scheduling stalls: a mode of 1.09–4.42 ms, mean 1.37 ms, then 14 gaps
 //! at 4.9–9.7 ms, which as batch ends made the estimate 285 ms).
 
-use crate::modes::Modes;
+use super::modes::Modes;
 
 /// What makes a break. Integers (fixed point), as the datapath has no floating point.
 #[repr(C)]

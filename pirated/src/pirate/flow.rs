@@ -1,17 +1,12 @@
 //! A flow's finished epoch as plain data: what the datapath hands over (from either state
 //! layout), what replay produces, and what the estimators read.
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    ops::Range,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::estimate::FlowEstimate;
 use pirate_common::{
-    batch_break::ModeView,
-    flow::{FlowKey, FlowState, FAMILY_V4},
-    modes::Epsilon,
+    key::{FlowKey, FAMILY_V4},
     parse::{IPPROTO_TCP, IPPROTO_UDP},
+    pirate::{batch_break::ModeView, flow::FlowState},
 };
 
 /// One mode of a flow's gap distribution.
@@ -56,44 +51,6 @@ impl ModeView for ModeSlice<'_> {
     }
     fn max_ns(&self, i: usize) -> u64 {
         self.0[i].max_ns
-    }
-}
-
-/// A flow's modes joined where they lie within ε of each other: with a span cap
-/// (`pirate_common::modes::Epsilon::span`), the modes Alg. 2 itself would have made, which the
-/// estimators were built on; without one, the modes as they are.
-pub struct Chains {
-    pub modes: Vec<Mode>,
-    /// The range of the flow's modes each chain joins.
-    pub of: Vec<Range<usize>>,
-}
-
-impl Chains {
-    pub fn new(modes: &[Mode], eps: Epsilon) -> Chains {
-        let mut c = Chains { modes: Vec::new(), of: Vec::new() };
-        for (i, m) in modes.iter().enumerate() {
-            match c.modes.last_mut() {
-                Some(last) if eps.close(last.max_ns as u32, m.min_ns as u32) => {
-                    last.max_ns = m.max_ns;
-                    last.count += m.count;
-                    last.candidates += m.candidates;
-                    last.sum_ns += m.sum_ns;
-                    c.of.last_mut().unwrap().end = i + 1;
-                }
-                _ => {
-                    c.modes.push(*m);
-                    c.of.push(i..i + 1);
-                }
-            }
-        }
-        c
-    }
-
-    /// An estimate over the chains, with its batch ends moved to the flow's own modes (each chain
-    /// that ends batches ends them with all its gaps), where the quantiles read them narrow.
-    pub fn expand(&self, est: FlowEstimate, modes: &[Mode]) -> FlowEstimate {
-        let ends = est.ends.iter().flat_map(|&(c, _)| self.of[c].clone().map(|i| (i, modes[i].count))).collect();
-        FlowEstimate { ends, ..est }
     }
 }
 
@@ -175,9 +132,9 @@ fn addr(family: u8, bytes: &[u8; 16]) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use pirate_common::{
-        batch_break::{find, gaps, kept, BreakRules},
-        config::MODES_WIDE,
-        modes::{Epsilon, Modes},
+        pirate::batch_break::{find, gaps, kept, BreakRules},
+        pirate::config::MODES_WIDE,
+        pirate::modes::{Epsilon, Modes},
     };
 
     use super::*;

@@ -2,15 +2,18 @@
 //! from flows to servers.
 
 pub mod batches;
-pub mod pirate;
+pub mod chains;
+pub mod paper;
 pub mod quantile;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::flow::{server, Chains, FlowEpoch};
-use pirate_common::{modes::Epsilon, parse::IPPROTO_TCP};
+use chains::Chains;
+use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
+
+use crate::pirate::flow::{server, FlowEpoch};
 use quantile::{spans, Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
@@ -29,7 +32,7 @@ pub enum Estimator {
 /// Everything the estimators need besides the modes.
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
-    pub paper: pirate::Denoise,
+    pub paper: paper::Denoise,
     pub batches: batches::Break,
     /// TCP gaps are marked by the client's acknowledgement number (`FLAG_MARK_ACKED`): a marked
     /// gap held a response, so it ends a batch.
@@ -58,7 +61,7 @@ impl Settings {
                 },
             }
         };
-        (on_chains(pirate::proportional_mode_sum(&chains.modes, &self.paper)), batches)
+        (on_chains(paper::proportional_mode_sum(&chains.modes, &self.paper)), batches)
     }
 }
 
@@ -121,12 +124,12 @@ pub fn per_server<'a>(
 #[cfg(test)]
 mod tests {
     use pirate_common::{
-        config::MODES_COMPACT,
-        flow::{FlowKey, FlowState},
+        key::FlowKey,
+        pirate::{config::MODES_COMPACT, flow::FlowState},
     };
 
     use super::*;
-    use crate::{config::Config, flow::Mode};
+    use crate::{config::Config, pirate::flow::Mode};
 
     /// One request in flight at ~5.3 ms with a 3 % tail spread thinly over 5.6–8.6 ms (a slow
     /// path of the server, scheduling delays), through the datapath's modes with and without

@@ -3,7 +3,7 @@
 //! the gaps up to the IBG over the number of IBG gaps (batches).
 
 use super::FlowEstimate;
-use crate::flow::Mode;
+use crate::pirate::flow::Mode;
 
 /// De-noising and heuristics that apply at estimation time.
 #[derive(Clone, Copy, Debug)]

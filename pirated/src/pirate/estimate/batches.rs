@@ -7,18 +7,18 @@
 //! time between batch starts is the epoch's gap time over the number of such gaps. Intra-batch
 //! gaps are the client's own pacing (microseconds to a fraction of a millisecond); inter-batch
 //! gaps carry a network round trip and the server's time. The break is found in the chains of
-//! modes as `pirate_common::batch_break` says (the datapath's adaptive δ applies the same rules
+//! modes as `pirate_common::pirate::batch_break` says (the datapath's adaptive δ applies the same rules
 //! to its modes unchained); with none (one request in flight) every gap ends a batch. Modes
 //! holding few of the gaps (a late packet, two reordered ones) are not sides of the break, so
 //! that they do not bridge it; their gaps still count on whichever side they fall.
 
 use pirate_common::{
-    batch_break::{self, BreakRules},
-    config::MODES_WIDE,
+    pirate::batch_break::{self, BreakRules},
+    pirate::config::MODES_WIDE,
 };
 
 use super::FlowEstimate;
-use crate::flow::{Mode, ModeSlice};
+use crate::pirate::flow::{Mode, ModeSlice};
 
 #[derive(Clone, Copy, Debug)]
 pub struct Break {
@@ -36,7 +36,7 @@ pub struct Break {
 }
 
 /// The mean time between batch starts over one flow's chains of modes (ascending,
-/// [`crate::flow::Chains`]), or `None` without gaps.
+/// [`crate::pirate::flow::Chains`]), or `None` without gaps.
 ///
 /// Every gap above the break ends a batch, rare long ones too. (A rare long gap used to count
 /// as time inside a batch, for a request retransmitted after a tail-loss probe; with

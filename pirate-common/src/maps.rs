@@ -1,0 +1,23 @@
+//! The datapath's map names, as `pirate-ebpf` declares them (`#[map]` takes the static's name,
+//! a literal) and pirated looks them up: pirated checks at load that each is in the object.
+
+/// Parameters pirated writes once (`pirate::config::Params`).
+pub const CONFIG: &str = "CONFIG";
+/// The current epoch (`u32`), advanced by pirated.
+pub const EPOCH: &str = "EPOCH";
+/// Per-CPU packet outcomes and events (`counters`).
+pub const COUNTERS: &str = "COUNTERS";
+/// The per-CPU packet context (`ctx::PacketCtx`).
+pub const CTX: &str = "CTX";
+/// The capability programs, at their `ctx::CHAIN_*` slots.
+pub const CHAIN: &str = "CHAIN";
+/// The forwarder slots (Katran's root array).
+pub const FORWARD: &str = "FORWARD";
+/// `pirate`'s flow tables, one per state layout, and the blank state new flows start from.
+pub const FLOWS: &str = "FLOWS";
+pub const FLOWS_WIDE: &str = "FLOWS_WIDE";
+pub const BLANK: &str = "BLANK";
+/// `pirate`'s hand-over ring buffer of finished flow epochs.
+pub const RECORDS: &str = "RECORDS";
+
+pub const ALL: [&str; 10] = [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, BLANK, RECORDS];

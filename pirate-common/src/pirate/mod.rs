@@ -1,0 +1,27 @@
+//! Pirate: response latency from client→server packets only. Per flow, Alg. 1 (causal pairs)
+//! and Alg. 2 (inter-packet-gap modes) with the §3.4 heuristics, in the kernel and in replay.
+
+pub mod batch_break;
+pub mod config;
+pub mod flow;
+pub mod layout;
+pub mod modes;
+pub mod tracker;
+
+#[cfg(feature = "user")]
+mod pod {
+    //! aya copies these in and out of maps as plain data: only the two layouts the datapath
+    //! uses, whose sizes are checked to have no padding.
+    use super::{
+        config::{Params, MODES_COMPACT as C, MODES_WIDE as W},
+        flow::{EpochRecord, FlowState},
+    };
+    unsafe impl aya::Pod for Params {}
+    unsafe impl aya::Pod for FlowState<C> {}
+    unsafe impl aya::Pod for FlowState<W> {}
+    unsafe impl aya::Pod for EpochRecord<C> {}
+    unsafe impl aya::Pod for EpochRecord<W> {}
+    const _: () = assert!(size_of::<Params>() == 48);
+    const _: () = assert!(size_of::<FlowState<C>>() == 56 + 20 * C + 8);
+    const _: () = assert!(size_of::<FlowState<W>>() == 56 + 20 * W + 8);
+}

@@ -1,0 +1,160 @@
+//! `pirate`'s Prometheus families: per-server latency, its quantiles and bounds, per-flow
+//! estimates, and the flow table.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
+    registry::Registry,
+};
+
+use pirate_common::counters;
+
+use super::report::EpochReport;
+use crate::source::Kernel;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabel {
+    server: String,
+    quantile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabel {
+    server: String,
+    quantile: String,
+    bound: &'static str,
+}
+
+pub struct Metrics {
+    server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
+    server_quantile: Family<QuantileLabel, Gauge<f64, AtomicU64>>,
+    server_quantile_bound: Family<BoundLabel, Gauge<f64, AtomicU64>>,
+    server_flows: Family<ServerLabel, Gauge>,
+    server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
+    server_batches: Family<ServerLabel, Counter>,
+    flow_latency: Histogram,
+    flows_tracked: Gauge,
+    flows_active: Gauge,
+    flows_evicted: Counter,
+    records_lost: Counter,
+    gaps_discarded: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Metrics {
+        let m = Metrics {
+            server_latency: Family::default(),
+            server_quantile: Family::default(),
+            server_quantile_bound: Family::default(),
+            server_flows: Family::default(),
+            server_seconds: Family::default(),
+            server_batches: Family::default(),
+            // 50 µs … ~21.6 s, ×1.5 per bucket.
+            flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
+            flows_tracked: Gauge::default(),
+            flows_evicted: Counter::default(),
+            flows_active: Gauge::default(),
+            records_lost: Counter::default(),
+            gaps_discarded: Counter::default(),
+        };
+        registry.register(
+            "server_response_latency_seconds",
+            "Mean response latency per server (destination address:port) over the last epoch, from the configured estimator",
+            m.server_latency.clone(),
+        );
+        registry.register(
+            "server_response_latency_quantile_seconds",
+            "Response-latency quantiles (0.5, 0.9, 0.99) per server over the last epoch's batches, from the configured estimator's batch-ending modes",
+            m.server_quantile.clone(),
+        );
+        registry.register(
+            "server_response_latency_quantile_bound_seconds",
+            "Where each quantile lies (bound=lower|upper) wherever the gaps are inside their modes, each batch taken to spend its flow's mean time inside a batch",
+            m.server_quantile_bound.clone(),
+        );
+        registry.register(
+            "server_flows",
+            "Flows with an estimate per server in the last epoch",
+            m.server_flows.clone(),
+        );
+        registry.register(
+            "server_response_seconds",
+            "Response time measured per server (sum of the per-batch latencies); rate() of it over rate() of server_batches_total is the mean latency over any window",
+            m.server_seconds.clone(),
+        );
+        registry.register(
+            "server_batches",
+            "Request batches (responses waited for) measured per server",
+            m.server_batches.clone(),
+        );
+        registry.register(
+            "flow_response_latency_seconds",
+            "Per-flow, per-epoch response latency estimates",
+            m.flow_latency.clone(),
+        );
+        registry.register("flows_tracked", "Entries in the datapath's flow table", m.flows_tracked.clone());
+        registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
+        registry.register(
+            "flows_evicted",
+            "Flow-table entries the LRU table evicted for newer flows; one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
+            m.flows_evicted.clone(),
+        );
+        registry.register(
+            "epoch_records_lost",
+            "Finished flow epochs the datapath could not hand over (ring buffer full)",
+            m.records_lost.clone(),
+        );
+        registry.register(
+            "gaps_discarded",
+            "Inter-packet gaps dropped because a flow had no free mode",
+            m.gaps_discarded.clone(),
+        );
+        m
+    }
+
+    /// Publishes one epoch: per-server gauges are replaced, counters advance (`delta`: the
+    /// kernel's counters since the last epoch).
+    pub fn publish(&mut self, report: &EpochReport, kernel: &Kernel, delta: &[u64; counters::COUNT as usize]) {
+        self.server_latency.clear();
+        self.server_quantile.clear();
+        self.server_quantile_bound.clear();
+        self.server_flows.clear();
+        for s in report.servers() {
+            let label = ServerLabel { server: s.server.to_string() };
+            for q in &s.quantiles {
+                let (server, quantile) = (label.server.clone(), q.q.to_string());
+                let bound = |bound| BoundLabel { server: server.clone(), quantile: quantile.clone(), bound };
+                self.server_quantile_bound.get_or_create(&bound("lower")).set(q.lower_ns / 1e9);
+                self.server_quantile_bound.get_or_create(&bound("upper")).set(q.upper_ns / 1e9);
+                self.server_quantile.get_or_create(&QuantileLabel { server, quantile }).set(q.estimate_ns / 1e9);
+            }
+            self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
+            self.server_flows.get_or_create(&label).set(s.flows as i64);
+            self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
+            self.server_batches.get_or_create(&label).inc_by(s.batches);
+        }
+        for e in report.flows.iter().filter_map(|r| r.estimate(report.estimator)) {
+            self.flow_latency.observe(e.estimate_ns / 1e9);
+        }
+        self.flows_tracked.set(kernel.tracked as i64);
+        // pirated never deletes entries: every flow inserted and no longer in the table was
+        // evicted. The counters are read before the table (`source::live`), so this never runs ahead.
+        let evicted = kernel.counters[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(kernel.tracked as u64);
+        self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
+        self.flows_active.set(report.flows.len() as i64);
+        self.records_lost.inc_by(delta[counters::EVENT_RECORD_LOST as usize]);
+        self.gaps_discarded.inc_by(report.discarded());
+    }
+}

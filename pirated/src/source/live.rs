@@ -1,0 +1,45 @@
+//! The live source: the attached datapath, advanced one epoch at a time and drained.
+
+use std::os::fd::RawFd;
+
+use super::{EpochData, Kernel};
+use crate::{
+    datapath::{Datapath, FIRST_EPOCH},
+    pirate::drain::Records,
+};
+
+pub struct Live {
+    dp: Datapath,
+    records: Records,
+    /// The epoch the datapath is in.
+    epoch: u32,
+}
+
+impl Live {
+    pub fn new(mut dp: Datapath) -> anyhow::Result<Live> {
+        let records = Records::take(&mut dp)?;
+        Ok(Live { dp, records, epoch: FIRST_EPOCH })
+    }
+
+    /// The descriptor that becomes readable when flows hand epochs over.
+    pub fn records_fd(&self) -> RawFd {
+        self.records.fd()
+    }
+
+    /// Empties the hand-over ring between a drain and the next flip, where every record is stale.
+    pub fn discard_stale(&mut self) -> anyhow::Result<()> {
+        self.records.discard().map(drop)
+    }
+
+    /// Moves the datapath on to the next epoch and reads the one it closed.
+    pub fn close_epoch(&mut self) -> anyhow::Result<EpochData> {
+        let closed = self.epoch;
+        self.epoch = closed.wrapping_add(1);
+        self.dp.set_epoch(self.epoch)?;
+        // Before the table: flows inserted after this read are in the table, not yet counted.
+        let counters = self.dp.counters()?;
+        let drained = self.records.drain(&self.dp, closed)?;
+        let kernel = Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent };
+        Ok(EpochData { epoch: closed, flows: drained.flows, kernel: Some(kernel) })
+    }
+}

@@ -1,0 +1,28 @@
+//! Where a closed epoch comes from: the live datapath or a pcap replay, the same plain data out
+//! of either, so every capability estimates and reports the same way on both.
+
+pub mod live;
+pub mod replay;
+
+use pirate_common::counters;
+
+use crate::pirate::flow::FlowEpoch;
+
+/// One closed epoch, as plain data.
+pub struct EpochData {
+    pub epoch: u32,
+    /// `pirate`: the flows with packets in the epoch.
+    pub flows: Vec<FlowEpoch>,
+    /// What the live datapath counted (none in replay).
+    pub kernel: Option<Kernel>,
+}
+
+/// The live datapath's own figures at the end of an epoch.
+pub struct Kernel {
+    /// Absolute counters, summed over CPUs, indexed like `pirate_common::counters`.
+    pub counters: [u64; counters::COUNT as usize],
+    /// Entries in `pirate`'s flow table.
+    pub tracked: usize,
+    /// Flow copies dropped as torn (read while the datapath rewrote them).
+    pub inconsistent: usize,
+}

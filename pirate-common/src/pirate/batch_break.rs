@@ -2,27 +2,15 @@
 //! delay) and its inter-batch gaps (a round trip plus the server's time), found in its modes.
 //! pirated's batches estimator counts every gap above it as the end of a batch; the datapath's
 //! Alg. 1 takes the break of a flow's previous epoch as its δ, so that δ needs no tuning.
-//!
-//! The break is the highest one between significant modes (holding at least `min_share` of the
-//! gaps below the idle floor) whose means are at least `min_ratio` apart and whose lower mean is
-//! short enough to be pacing. The sides need not be adjacent: a straggler (a thin mode,
-//! under `straggler_share` of the gaps, less than `min_ratio` above the lower side: a busy
-//! client's late writes) does not become the lower side, and falls on it. Otherwise a 2.6 %
-//! mode at 2.2–4.2 ms between 1 ms pacing and 4.5 ms responses (ratios 2.7 and 1.7) hid the
-//! break, the 1 ms gaps ended batches, and the mean was 17 % low. The highest, not the widest:
-//! reordering by Δ stretches some intra-batch gaps from µs to ~Δ, a mode whose break from the µs
-//! ones can be wider than its break from the inter-batch gaps (0.18 → 0.83 ms against 1.13 →
-//! 4.1 ms with Δ = 1 ms), and those gaps are still inside batches. Means, not extremes: extremes drift apart
-//! as an epoch collects gaps (in a 5 s epoch, 1.34 → 4.0 ms: a ratio of 2.99, while the means
-//! were 0.34 and 5.4 ms). The first mode above the last significant one is a side too, so that a
-//! few long batches after many short gaps still form a break, but only if it also stands
-//! `min_ratio` clear of that mode's longest gap: otherwise it is that mode's tail (one request in
-//! flight at 1 ms under scheduling stalls: a mode of 1.09–4.42 ms, mean 1.37 ms, then 14 gaps
-//! at 4.9–9.7 ms, which as batch ends made the estimate 285 ms).
 
 use super::modes::Modes;
 
-/// What makes a break. Integers (fixed point), as the datapath has no floating point.
+/// What makes a break: the highest one between significant modes whose means are at least
+/// `min_ratio` apart and whose lower mean is short enough to be pacing. The highest, not the
+/// widest: reordering by Δ stretches some intra-batch gaps from µs to ~Δ, into a mode whose
+/// break from the µs ones can be wider than its break from the inter-batch gaps, yet those gaps
+/// are still inside batches. Means, not extremes: the extremes drift apart as an epoch collects
+/// gaps. Integers (fixed point), as the datapath has no floating point.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakRules {
@@ -31,11 +19,15 @@ pub struct BreakRules {
     pub intra_batch_max_ns: u32,
     /// The upper mode's mean must be at least `min_ratio_q10 / 2^10` times the lower one's.
     pub min_ratio_q10: u32,
-    /// Modes holding less than `min_share_q20 / 2^20` of the gaps are not sides of a break.
+    /// Modes holding less than `min_share_q20 / 2^20` of the gaps below the idle floor are not
+    /// sides of a break, but for the first mode above the last significant one, so that a few
+    /// long batches after many short gaps still form a break; that one must also stand
+    /// `min_ratio` clear of the significant mode's longest gap, or it is that mode's tail.
     pub min_share_q20: u32,
     /// A significant mode holding less than `straggler_share_q20 / 2^20` of the gaps, less than
     /// `min_ratio` above the lower side, is a straggler (a busy client's late writes): the lower
-    /// side stays, and a break above it puts it on the lower side.
+    /// side stays, and a break above it puts it on the lower side. Otherwise it would sit between
+    /// pacing and responses, less than `min_ratio` from either, and hide the break.
     pub straggler_share_q20: u32,
 }
 
@@ -133,8 +125,8 @@ pub struct Break {
 /// The break among modes `0..kept`, which hold `total` gaps ([`gaps`]), or `None`: every gap
 /// ends a batch. Modes are taken as they come: pirated's estimators pass the chains of
 /// span-capped modes (Alg. 2's own modes), while the datapath's δ reads its capped modes as they
-/// are (chaining them here, or a loop bounded by the idle floor instead of `kept`, took the
-/// verifier past its million-instruction budget). One pass over data-valued state (no indices),
+/// are (chaining them here, or bounding the loop by the idle floor instead of `kept`, costs the
+/// verifier more than its million-instruction budget). One pass over data-valued state (no indices),
 /// so that the verifier's state pruning keeps the datapath's copy small; `LIMIT` (≥ the number
 /// of modes) bounds the loop.
 pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: &BreakRules) -> Option<Break> {

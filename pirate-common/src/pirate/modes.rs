@@ -30,13 +30,11 @@ pub struct Modes<const M: usize> {
 /// merging consistent.
 ///
 /// Beyond the paper, `span` caps how wide a mode may grow: at most `span`·ε at its lower end,
-/// unless the table is full (see [`Modes::insert`]).
-/// Alg. 2 lets a mode chain along its own jitter (one request in flight at 5 ms became a single
-/// mode of 5.2–8.5 ms holding 719 gaps), and a mode's min/max/count/sum cannot say where in it
-/// the slowest 1 % lie: that p99 came out 22 % low. Capped, the same gaps fill adjacent narrow
-/// modes ("pieces") whose counts place the tail; a chain of pieces closer than ε is exactly what
-/// Alg. 2 would have made of them, so estimators that want Alg. 2's modes read the chains.
-/// 0: unbounded, as published.
+/// unless the table is full (see [`Modes::insert`]). Alg. 2 lets a mode chain along its own
+/// jitter, and a mode's min/max/count/sum cannot say where in it the slowest 1 % lie. Capped,
+/// the same gaps fill adjacent narrow modes ("pieces") whose counts place the tail; a chain of
+/// pieces closer than ε is exactly what Alg. 2 would have made of them, so estimators that want
+/// Alg. 2's modes read the chains. 0: unbounded, as published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Epsilon {
     pub abs_ns: u32,
@@ -117,7 +115,7 @@ impl<const M: usize> Modes<M> {
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
     /// With a span cap, a full table merges two adjacent modes to make room (never two chains
-    /// of them, see [`Self::merge_cheapest`]), so it discards nothing; a single mode
+    /// of them, see `merge_cheapest`), so it discards nothing; a single mode
     /// (`modes = 1`) widens as Alg. 2 does, and discards a gap near no mode, as published.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
         let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
@@ -189,15 +187,13 @@ impl<const M: usize> Modes<M> {
 
     /// Merges the two adjacent modes whose union costs the quantiles least: its width in ε
     /// times the gaps it holds (a quantile falls in a mode in proportion to its gaps, and is
-    /// placed within it to within its width). Merging by width alone widened a dense mode with
-    /// its lone neighbour (a 5 ms service time's 237 gaps spread over 4.7–5.6 ms: p50 −4 %).
-    /// Sparse tail modes merge with each other, not a dense mode over them: Alg. 2's widening
-    /// hid a 1 ms server's tail (p99 −14.7 %), and discarding lost it (−22 to −29 %). Two modes
-    /// further apart than ε merge only if that does not join two chains (each chained to its
-    /// other neighbour within ε): a merged sparse tail bridged two regimes into one chain, and
-    /// the paper's estimate on the chains went from −0.0 to +1126 %. Found by value, not by
-    /// index: the verifier prunes states that differ in data it never branches on, not states
-    /// that differ in a tracked index (2^M paths). Returns whether it merged; needs two modes.
+    /// placed within it to within its width): sparse tail modes merge with each other rather
+    /// than a dense mode widening over them, which would hide the tail, as discarding gaps would
+    /// lose it. Two modes further apart than ε merge only if that does not join two chains (each
+    /// chained to its other neighbour within ε): that would bridge two regimes into one chain,
+    /// which the estimators read as one mode. Found by value, not by index: the verifier prunes
+    /// states that differ in data it never branches on, not states that differ in a tracked
+    /// index (2^M paths). Returns whether it merged; needs two modes.
     fn merge_cheapest(&mut self, eps: Epsilon) -> bool {
         let len = self.used();
         // Saturated factors keep the product within a u64 (no 128-bit multiply in BPF).

@@ -153,8 +153,8 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     }
 
     // Idle periods and retransmission timeouts carry no response latency (§3.3's floor): they
-    // stay out of the modes, where a full table merged five of them with 16 ms gaps into one
-    // mode whose mean (176 ms) was below the floor, adding 0.9 s to a flow's 4 s (+24 %).
+    // stay out of the modes, where a full table could merge them with shorter gaps into a mode
+    // whose mean lies below the floor, and so count their time as response latency.
     if gap_ns >= p.idle_floor_ns {
         st.idle_gaps = st.idle_gaps.saturating_add(1);
         return Step::Idle { gap_ns };

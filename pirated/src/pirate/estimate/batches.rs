@@ -26,24 +26,20 @@ pub struct Break {
     pub idle_floor_ns: u64,
     pub rules: BreakRules,
     /// The gaps above a found break must hold at least this share of the time: a flow spends
-    /// its time waiting for responses, not pacing. Without it, one request in flight at 1 ms
-    /// under scheduling noise (a 1.05–1.42 ms mode, then 2 % of the gaps at 3.5–5.9 ms, 8 % of
-    /// the time) read as pacing and responses: +4358 %. Checked here, not by the datapath's δ,
-    /// which has no verifier budget left for it.
+    /// its time waiting for responses, not pacing, so a few noisy gaps above a server's responses
+    /// are not taken for the responses, and the responses for pacing. Checked here, not by the
+    /// datapath's δ, which has no verifier budget left for it.
     pub min_upper_time_share: f64,
     /// A fixed break instead of one found in the modes: modes starting at or above it end batches.
     pub fixed_ns: Option<u64>,
 }
 
 /// The mean time between batch starts over one flow's chains of modes (ascending,
-/// [`crate::pirate::flow::Chains`]), or `None` without gaps.
+/// [`super::chains::Chains`]), or `None` without gaps.
 ///
-/// Every gap above the break ends a batch, rare long ones too. (A rare long gap used to count
-/// as time inside a batch, for a request retransmitted after a tail-loss probe; with
-/// retransmissions out of the gap stream, the wait for such a batch is one gap. With 1 % loss
-/// after the vantage point, the rule put means +0.26 to +0.73 % high and p99 −7 to −24 %; without
-/// it, +0.03 % and −3.9 to +3.5 %. With 1 % loss and 25 % reordering before it, both gave means
-/// within 0.3 %.)
+/// Every gap above the break ends a batch, rare long ones too: with retransmissions out of the
+/// gap stream, a batch that waited for a retransmitted request is one long gap, not time inside
+/// a batch.
 pub fn batch_count_mean(chains: &[Mode], b: &Break) -> Option<FlowEstimate> {
     with_break(chains, b).0
 }
@@ -217,7 +213,7 @@ mod tests {
             Mode::all_marked(3_476_000, 5_884_000, 71, 312_400_000),
         ];
         assert_eq!(batch_count_mean(&noisy, &BREAK).unwrap().batches, 3_307);
-        // Without the rule, the break between them made 71 batches of the 3 307.
+        // Without the rule, the break between them makes 71 batches of the 3 307.
         let any = Break { min_upper_time_share: 0.0, ..BREAK };
         assert_eq!(batch_count_mean(&noisy, &any).unwrap().batches, 71);
     }

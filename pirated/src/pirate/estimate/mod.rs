@@ -23,8 +23,8 @@ pub enum Estimator {
     /// The paper's proportional mode sum: the largest de-noised mode is the inter-batch gap.
     Paper,
     /// Gap time over the number of gaps that end a batch (every gap above the break between
-    /// intra- and inter-batch gaps): right when service times vary within an epoch, and under
-    /// loss with reordering, where the paper's is off by up to 10 %.
+    /// intra- and inter-batch gaps): right where the paper's is not, when service times vary
+    /// within an epoch or reordering splits the inter-batch gaps over several modes.
     #[default]
     Batches,
 }
@@ -54,7 +54,7 @@ impl Settings {
                 (est, true) => on_chains(est),
                 // Over a long epoch of spread gaps (reordering, loss), the span-capped modes can
                 // fill every interval and chain into one: only the narrow ones still show the
-                // break (a 5 s epoch with 1 % loss and 25 % reordering read 12 % low without it).
+                // break.
                 (chained, false) => match batches::with_break(&flow.modes, b) {
                     (narrow, true) => narrow,
                     (_, false) => on_chains(chained),

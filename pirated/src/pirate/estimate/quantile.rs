@@ -1,26 +1,9 @@
-//! Response-latency quantiles from the modes. A flow's batch-to-batch times are its
-//! batch-ending gaps plus the time spent inside the batch; the modes say where the batch-ending
-//! gaps lie (each mode's [min, max], how many, their sum), and the time inside batches is known
-//! per flow only as a mean, which is added to every batch (exact with one request in flight,
-//! where it is zero).
-//!
-//! Within a mode, gaps are spread as a peak above the mode's minimum with an exponential tail
-//! towards its maximum (density ∝ y·e^(t·y) over the mode, y from 0 at the minimum to 1 at the
-//! maximum), with t set so that the mean is right. A mode of one latency regime is such a peak:
-//! its minimum is a single early gap below the bulk, and late gaps chain on to it through ε up
-//! to a maximum far out (1.07–1.67 ms around a 1.13 ms bulk in one 1 ms run). A uniform spread,
-//! or the maximum-entropy exponential from the minimum, put the bulk too low and the tail too
-//! heavy: p90 +10 % and +5 % there, against +3 % for this shape. With the span cap
-//! (`pirate_common::pirate::modes::Epsilon::span`) modes are at most `mode_span` ε wide (default 2)
-//! unless a full table had to merge or widen them, so the shape matters little: the modes'
-//! counts place the tail (a thin tail over 5.6–8.6 ms behind a 5.3 ms bulk: p99 −26.6 % from
-//! Alg. 2's one chained mode, +0.1 % from the capped ones). Wherever the gaps really are
-//! inside their modes, each quantile lies between `lower_ns` and `upper_ns`: the quantiles of
-//! the modes' minima and maxima. The error from the gaps' spread is thus at most the width of
-//! the mode (or modes) the quantile falls in; estimate and bounds share the one approximation
-//! that every batch spends its flow's mean time inside a batch (exact with one request in
-//! flight). Cost: about 1 µs per flow and batch-ending mode of the server, per epoch (130–190
-//! ms for 64 K flows of two modes each, on this 2-core machine).
+//! Response-latency quantiles, with bounds, from the modes the estimator took as batch ends.
+//! The modes say where a flow's batch-ending gaps lie (each mode's [min, max], count and sum);
+//! the time inside batches is known per flow only as a mean, added to every batch. With the span
+//! cap (`pirate_common::pirate::modes::Epsilon::span`) modes are at most `mode_span` ε wide unless
+//! a full table had to merge or widen them, so their counts place the tail and the spread assumed
+//! within a mode matters little. Cost: linear in a server's flows and batch-ending modes, per epoch.
 
 use super::FlowEstimate;
 use crate::pirate::flow::Mode;
@@ -37,17 +20,22 @@ pub struct Span {
     pub count: u64,
 }
 
+/// One quantile's estimate and the bounds on it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Quantile {
     pub q: f64,
     pub estimate_ns: f64,
-    /// Bounds that hold wherever the gaps lie inside their modes (given the mean time inside a
-    /// batch).
+    /// Bounds that hold wherever the gaps lie inside their modes: the same quantile over the
+    /// modes' minima and over their maxima. The error from the gaps' spread is thus at most the
+    /// width of the mode (or modes) the quantile falls in; estimate and bounds share the one
+    /// approximation that every batch spends its flow's mean time inside a batch.
     pub lower_ns: f64,
     pub upper_ns: f64,
 }
 
-/// Where one flow's batch-to-batch times lie, from the modes `est` took as batch ends.
+/// Where one flow's batch-to-batch times lie, from the modes `est` took as batch ends: each
+/// batch-ending gap plus the flow's mean time inside a batch (exact with one request in flight,
+/// where it is zero).
 pub fn spans<'a>(modes: &'a [Mode], est: &'a FlowEstimate) -> impl Iterator<Item = Span> + 'a {
     // A mode only some of whose gaps end batches: those are taken to lie as its gaps do.
     let ends_ns: f64 = est.ends.iter().map(|&(i, n)| modes[i].mean_ns() * n as f64).sum();
@@ -114,7 +102,11 @@ fn mixture_quantile(fits: &[Fit], rank: f64, mut lo: f64, mut hi: f64) -> f64 {
     hi
 }
 
-/// A span's density: ∝ y·e^(t·y) on y = (x − lo) / width ∈ [0, 1].
+/// A span's density: ∝ y·e^(t·y) on y = (x − lo) / width ∈ [0, 1], t set so that the mean is
+/// right: a peak above the minimum with an exponential tail towards the maximum. That is the
+/// shape of a mode of one latency regime: a single early gap below the bulk is its minimum, and
+/// late gaps chain on to it through ε up to a maximum far out. A uniform spread, or the
+/// maximum-entropy exponential from the minimum, puts the bulk too low and the tail too heavy.
 struct Fit {
     lo: f64,
     width: f64,

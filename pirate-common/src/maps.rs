@@ -1,5 +1,10 @@
 //! The datapath's map names, as `pirate-ebpf` declares them (`#[map]` takes the static's name,
-//! a literal) and pirated looks them up: pirated checks at load that each is in the object.
+//! a literal) and pirated looks them up: pirated checks at load that each is in the object. All
+//! but `BLANK` and `RECORDS` are pinned by name in the instance's pin directory.
+
+/// The version of the maps' key and value layouts, part of the layout a restarted pirated must
+/// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
+pub const LAYOUT_VERSION: u32 = 1;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -11,7 +16,8 @@ pub const COUNTERS: &str = "COUNTERS";
 pub const CTX: &str = "CTX";
 /// The capability programs, at their `ctx::CHAIN_*` slots.
 pub const CHAIN: &str = "CHAIN";
-/// The forwarder slots (Katran's root array).
+/// The forwarder slots (Katran's root array): the same layout in every version, so its pin
+/// (where balancers register) outlives layout changes.
 pub const FORWARD: &str = "FORWARD";
 /// `pirate`'s flow tables, one per state layout, and the blank state new flows start from.
 pub const FLOWS: &str = "FLOWS";

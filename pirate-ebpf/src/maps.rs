@@ -1,4 +1,8 @@
-//! Every map of the datapath, named as `pirated` looks them up.
+//! Every map of the datapath, named as `pirated` looks them up. All but the per-CPU blank state
+//! and the hand-over ring are pinned by name, so that a restarted pirated's programs share them
+//! with the running ones. Each daemon consumes a ring of its own: what the old ring holds when a
+//! new daemon starts is stale (its first epoch flip comes after its programs are in place), and
+//! aya 0.13's reader cannot resume a ring another reader consumed from.
 
 use aya_ebpf::{
     macros::map,
@@ -14,27 +18,27 @@ use pirate_common::{
 
 /// Written once by pirated before attaching.
 #[map]
-pub static CONFIG: Array<Params> = Array::with_max_entries(1, 0);
+pub static CONFIG: Array<Params> = Array::pinned(1, 0);
 /// The current epoch; pirated advances it, the datapath tags flow state with it.
 #[map]
-pub static EPOCH: Array<u32> = Array::with_max_entries(1, 0);
+pub static EPOCH: Array<u32> = Array::pinned(1, 0);
 /// Packet outcomes and events, indexed by `pirate_common::counters`.
 #[map]
-pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::COUNT, 0);
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(counters::COUNT, 0);
 /// The packet being processed on this CPU, written by `pirate_root`, read down the chain.
 #[map]
-pub static CTX: PerCpuArray<PacketCtx> = PerCpuArray::with_max_entries(1, 0);
+pub static CTX: PerCpuArray<PacketCtx> = PerCpuArray::pinned(1, 0);
 /// The capabilities, at their `pirate_common::ctx::CHAIN_*` slots; a disabled one is empty.
 #[map]
-pub static CHAIN: ProgramArray = ProgramArray::with_max_entries(CHAIN_SLOTS, 0);
+pub static CHAIN: ProgramArray = ProgramArray::pinned(CHAIN_SLOTS, 0);
 /// Forwarders (Katran's balancer, `pirate_lb`), registered by position as in Katran's root array.
 #[map]
-pub static FORWARD: ProgramArray = ProgramArray::with_max_entries(FORWARD_SLOTS, 0);
+pub static FORWARD: ProgramArray = ProgramArray::pinned(FORWARD_SLOTS, 0);
 /// Flow tables, one per state layout; pirated sizes the one it uses and shrinks the other to 1.
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowState<MODES_COMPACT>> = LruHashMap::with_max_entries(65536, 0);
+pub static FLOWS: LruHashMap<FlowKey, FlowState<MODES_COMPACT>> = LruHashMap::pinned(65536, 0);
 #[map]
-pub static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::with_max_entries(1, 0);
+pub static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::pinned(1, 0);
 /// An all-zero flow state per CPU, the source of new flows' entries (too big for the stack).
 /// Sized for the wide layout, so it covers both.
 const _: () = assert!(size_of::<FlowState<MODES_COMPACT>>() <= size_of::<FlowState<MODES_WIDE>>());

@@ -15,6 +15,9 @@ pub struct Config {
     /// The client-facing interface (requests arrive on it).
     pub interface: String,
     pub attach_mode: AttachMode,
+    /// The bpffs directory holding each instance's pins.
+    pub pin_root: String,
+    pub on_exit: OnExit,
     pub epoch: Dur,
     pub max_flows: u32,
     pub pirate: PirateConfig,
@@ -62,12 +65,25 @@ pub enum AttachMode {
     Generic,
 }
 
+/// What pirated leaves behind when it stops.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum OnExit {
+    /// The chain stays attached, measuring into its pinned maps: a restart takes over with no
+    /// flow losing its epoch. `pirated detach` removes it.
+    Keep,
+    /// Detach the chain and remove the pins.
+    Detach,
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             instance: "default".into(),
             interface: String::new(),
             attach_mode: AttachMode::Auto,
+            pin_root: crate::datapath::DEFAULT_PIN_ROOT.into(),
+            on_exit: OnExit::Keep,
             epoch: Dur(Duration::from_secs(1)),
             max_flows: 65536,
             pirate: PirateConfig::default(),
@@ -128,6 +144,9 @@ impl Config {
         if self.instance.is_empty() || !self.instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
             bail!("instance = {:?}: use letters, digits, '-' and '_' (it names a directory)", self.instance);
+        }
+        if !self.pin_root.starts_with('/') {
+            bail!("pin_root = {:?}: must be an absolute path on bpffs", self.pin_root);
         }
         if !(1..=MAX_MODES).contains(&p.modes) {
             bail!("pirate.modes = {}: must be 1..={MAX_MODES}", p.modes);

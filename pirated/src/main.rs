@@ -31,8 +31,15 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Attach and measure until SIGINT/SIGTERM (the default).
+    /// Attach and measure until SIGINT/SIGTERM (the default). A previous run's chain and maps
+    /// are taken over; at exit they stay attached unless `on_exit = "detach"`.
     Run(RunArgs),
+    /// Detach the chain a stopped instance left attached (`on_exit = "keep"`) and remove its pins
+    /// (the flow state, and the forwarder slots balancers registered in).
+    Detach {
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration file and print the effective configuration.
     Check {
         #[arg(short, long, value_name = "FILE")]
@@ -107,6 +114,7 @@ fn main() {
         None => run(cli.run),
         Some(Command::Run(args)) => run(args.or(cli.run)),
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
+        Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
     };
@@ -119,6 +127,16 @@ fn main() {
 fn check(path: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load(path.as_ref())?;
     print!("{}", toml::to_string(&config)?);
+    Ok(())
+}
+
+fn detach(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load(path.as_ref())?;
+    if Datapath::detach(&config)? {
+        eprintln!("pirated: detached instance {:?} and removed its pins in {}", config.instance, config.pin_root);
+    } else {
+        eprintln!("pirated: instance {:?} has nothing pinned in {}", config.instance, config.pin_root);
+    }
     Ok(())
 }
 
@@ -152,7 +170,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let json = args.output == Some(Output::Json);
         let result = epoch::run(&config, &mut live, metrics, json, shutdown).await;
         server.abort();
-        tracing::info!("detaching");
+        tracing::info!("stopping");
         drop(live);
         result
     })

@@ -253,6 +253,51 @@ impl Pirated {
     }
 }
 
+impl Pirated {
+    /// SIGKILL, as a crash would end it; returns the JSON lines it printed before.
+    pub fn kill(&mut self) -> Result<Vec<Value>> {
+        self.child.kill()?;
+        self.child.wait()?;
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        Ok(self.lines())
+    }
+}
+
+/// A bpffs of the test's own, at a fresh directory: pirated's `ip netns exec` inherits the mount,
+/// so what one pirated pins there, the next one finds (each `ip netns exec` gets a /sys, and so
+/// a /sys/fs/bpf, of its own). Unmounted on drop, which also detaches what stayed pinned.
+pub struct PinRoot {
+    pub path: PathBuf,
+}
+
+impl PinRoot {
+    pub fn new() -> Result<PinRoot> {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("pirated-pins-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let (fstype, target) = (c("bpf"), c(path.to_str().context("temp dir path")?));
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        if unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) } != 0 {
+            bail!("mounting bpffs on {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+        Ok(PinRoot { path })
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        if let Ok(target) = std::ffi::CString::new(self.path.as_os_str().as_encoded_bytes()) {
+            // SAFETY: a valid NUL-terminated path.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
 impl Drop for Pirated {
     fn drop(&mut self) {
         if self.reader.is_some() {

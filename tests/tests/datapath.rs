@@ -10,8 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
-use pirate_tests::testbed::{batch_weighted_mean, By, Of, OnePoint, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
+use anyhow::{ensure, Context, Result};
+use pirate_tests::testbed::{
+    batch_weighted_mean, workspace_binary, By, Of, OnePoint, PinRoot, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF,
+};
 use serde_json::Value;
 
 const CONFIG: &str = "epoch = \"200ms\"\n";
@@ -43,9 +45,8 @@ fn metric(text: &str, name_and_labels: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name_and_labels} not in metrics:\n{text}"))
 }
 
-fn flow_lines<'a>(lines: &'a [Value], sport: u16) -> impl Iterator<Item = &'a Value> + 'a {
-    let client = format!("{CLIENT_IP}:{sport}");
-    lines.iter().filter(move |v| v["type"] == "flow" && v["client"] == client.as_str())
+fn flow_lines<'a>(lines: &'a [Value], client: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    lines.iter().filter(move |v| v["type"] == "flow" && v["client"] == client)
 }
 
 #[test]
@@ -72,8 +73,9 @@ fn counts_every_packet_and_passes_it() -> Result<()> {
     let new_flows = metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}");
     assert_eq!(measured + new_flows, N, "UDP packets are the only measurable ones sent");
     assert_eq!(new_flows, 1);
-    let epochs: Vec<(u64, u64)> =
-        flow_lines(&lines, sport).map(|v| (v["epoch"].as_u64().unwrap(), v["packets"].as_u64().unwrap())).collect();
+    let epochs: Vec<(u64, u64)> = flow_lines(&lines, &format!("{CLIENT_IP}:{sport}"))
+        .map(|v| (v["epoch"].as_u64().unwrap(), v["packets"].as_u64().unwrap()))
+        .collect();
     let packets: u64 = epochs.iter().map(|e| e.1).sum();
     assert_eq!(packets, N, "the flow's packets over all epochs, (epoch, packets): {epochs:?}\n{metrics}");
     assert!(metric(&metrics, "pirated_packets_total{outcome=\"unsupported\"}") >= 5, "ICMP echo requests");
@@ -228,25 +230,126 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     Ok(())
 }
 
-/// pirated pins its maps under /sys/fs/bpf/pirated/<instance> while it runs, the root program
-/// is what is attached, and stopping it detaches the program.
-#[test]
-fn pins_maps_and_detaches_on_stop() -> Result<()> {
-    let tb = OnePoint::new()?;
-    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
-    let attached = tb.vp.ip(&["-d", "link", "show", VP_CLIENT_IF])?;
-    assert!(attached.contains("prog/xdp"), "no XDP program on {VP_CLIENT_IF}:\n{attached}");
-    // `ip netns exec` gave pirated its own mount namespace: look through its root.
-    let dir = format!("/proc/{}/root/sys/fs/bpf/pirated/{}", pirated.pid(), tb.vp.name());
-    let mut pins: Vec<String> = std::fs::read_dir(&dir)?
+/// The pins of `instance` under `root`, sorted.
+fn pins(root: &std::path::Path, instance: &str) -> Result<Vec<String>> {
+    let mut pins: Vec<String> = std::fs::read_dir(root.join(instance))?
         .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect::<Result<_, _>>()?;
     pins.sort();
-    // The hand-over ring buffer is pirated's alone to consume, and the per-CPU scratch maps
-    // hold nothing to inspect: neither is pinned. FORWARD is where a balancer registers.
-    assert_eq!(pins, ["CHAIN", "CONFIG", "COUNTERS", "EPOCH", "FLOWS", "FORWARD"]);
+    Ok(pins)
+}
+
+fn attached(tb: &OnePoint) -> Result<bool> {
+    Ok(tb.vp.ip(&["-d", "link", "show", VP_CLIENT_IF])?.contains("prog/xdp"))
+}
+
+/// pirated pins its maps and XDP link under <pin_root>/<instance> with the marker of their
+/// layout; stopping it leaves the chain attached (`on_exit = "keep"`), and `pirated detach`
+/// removes it.
+#[test]
+fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let root = PinRoot::new()?;
+    let config = format!("{CONFIG}pin_root = \"{}\"\n", root.path.display());
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
+    ensure!(attached(&tb)?, "no XDP program on {VP_CLIENT_IF}");
+    let found = pins(&root.path, tb.vp.name())?;
+    // Every map but the per-CPU blank state and the hand-over ring, the layout marker and the
+    // link on the interface.
+    let maps = ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD"];
+    let (listed, rest) = found.split_at(maps.len().min(found.len()));
+    ensure!(listed == maps, "pins: {found:?}");
+    ensure!(rest.len() == 2 && rest[0].starts_with("layout-v"), "pins: {found:?}");
+    ensure!(rest[1] == format!("link-{VP_CLIENT_IF}"), "pins: {found:?}");
     pirated.stop()?;
-    let detached = tb.vp.ip(&["-d", "link", "show", VP_CLIENT_IF])?;
-    assert!(!detached.contains("prog/xdp"), "XDP program left on {VP_CLIENT_IF}:\n{detached}");
+    ensure!(attached(&tb)?, "stopping detached the chain");
+    ensure!(pins(&root.path, tb.vp.name())? == found, "stopping changed the pins");
+
+    let file = std::env::temp_dir().join(format!("pirated-detach-{}.toml", std::process::id()));
+    std::fs::write(&file, format!("instance = \"{}\"\n{config}", tb.vp.name()))?;
+    tb.vp.run(&[workspace_binary("pirated")?.to_str().unwrap(), "detach", "--config", file.to_str().unwrap()])?;
+    std::fs::remove_file(&file)?;
+    ensure!(!attached(&tb)?, "`pirated detach` left the chain attached");
+    ensure!(!root.path.join(tb.vp.name()).exists(), "`pirated detach` left pins");
+    Ok(())
+}
+
+/// A flow sending steadily while pirated restarts twice, once stopped (SIGTERM) and once killed
+/// (SIGKILL), each time started again at once: the chain stays attached and the maps are reused,
+/// so every packet is measured exactly once over the three daemons' epochs, the flow is created
+/// once, and its estimates after the restarts still match the sender's clock.
+#[test]
+fn restarts_keep_every_flows_state_under_traffic() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let _received = udp_sink(&tb, 9003)?;
+    let root = PinRoot::new()?;
+    let config = format!("epoch = \"500ms\"\npin_root = \"{}\"\n", root.path.display());
+    let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, 0)))??;
+    let client = format!("{CLIENT_IP}:{}", sock.local_addr()?.port());
+    let spacing = Duration::from_millis(2);
+    let mut first = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
+    let sender = std::thread::spawn(move || -> Result<Vec<Instant>> {
+        let mut sent = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(7) {
+            sock.send_to(b"request", (SERVER_IP, 9003))?;
+            sent.push(Instant::now());
+            std::thread::sleep(spacing);
+        }
+        Ok(sent)
+    });
+    let of_flow = |v: &Value| v["type"] == "flow" && v["client"] == client.as_str();
+    first.wait_for(Duration::from_secs(5), of_flow)?;
+    let mut lines = first.stop()?;
+    let mut second = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
+    // Killed right after it reported an epoch, not while it flips and drains the next one (an
+    // epoch it had closed but not reported would be lost with it).
+    second.wait_for(Duration::from_secs(5), of_flow)?;
+    lines.extend(second.kill()?);
+    let mut third = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("{config}on_exit = \"detach\"\n"))?;
+    let sent = sender.join().unwrap()?;
+    // The counters as published once the epoch holding the last packet has closed.
+    let scrape = || tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", third.listen)]);
+    let open = metric(&scrape()?, "pirated_epochs_total");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let text = scrape()?;
+        if metric(&text, "pirated_epochs_total") > open {
+            break text;
+        }
+        ensure!(Instant::now() < deadline, "no epoch closed within 5 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let after: Vec<Value> = third.stop()?;
+    lines.extend(after.iter().cloned());
+
+    let epochs: Vec<(u64, u64)> =
+        flow_lines(&lines, &client).map(|v| (v["epoch"].as_u64().unwrap(), v["packets"].as_u64().unwrap())).collect();
+    let packets: u64 = epochs.iter().map(|e| e.1).sum();
+    ensure!(
+        packets == sent.len() as u64,
+        "{packets} packets measured of {} sent; (epoch, packets): {epochs:?}",
+        sent.len()
+    );
+    let mut numbers: Vec<u64> = epochs.iter().map(|e| e.0).collect();
+    numbers.dedup();
+    ensure!(numbers.len() == epochs.len(), "an epoch reported twice: {epochs:?}");
+    // The pinned counters span all three daemons: one flow, created once, every packet counted.
+    let new_flows = metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}");
+    let measured = metric(&metrics, "pirated_packets_total{outcome=\"measured\"}");
+    ensure!(new_flows == 1, "the flow was created {new_flows} times");
+    ensure!(new_flows + measured == sent.len() as u64, "{measured} measured + 1 of {} sent", sent.len());
+
+    let truth_ns = (sent[sent.len() - 1] - sent[0]).as_nanos() as f64 / (sent.len() - 1) as f64;
+    let (est, batches) = batch_weighted_mean(&after, Of::Flow(&client), By::Configured).context("no estimate")?;
+    let err = (est * 1e9 - truth_ns) / truth_ns;
+    eprintln!(
+        "{} packets over {} epochs of 3 daemons; after the restarts {batches} batches, estimate {:.0} ns vs the sender's {truth_ns:.0} ns ({:+.3} %)",
+        sent.len(),
+        epochs.len(),
+        est * 1e9,
+        err * 100.0
+    );
+    ensure!(err.abs() < 0.01, "estimate after the restarts {:.0} ns vs the sender's {truth_ns:.0} ns", est * 1e9);
     Ok(())
 }

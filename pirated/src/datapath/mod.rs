@@ -3,29 +3,41 @@
 //! maps the capabilities drain. `map_batch` and `test_run` are the kernel calls aya 0.13 lacks.
 
 pub mod map_batch;
+pub mod pins;
 pub mod test_run;
 
 use std::{
     fs,
     os::fd::{AsFd, AsRawFd},
-    path::{Path, PathBuf},
+    path::Path,
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
     maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
-    programs::{ProgramError, ProgramFd, Xdp, XdpFlags},
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
+        ProgramError, ProgramFd, Xdp, XdpFlags,
+    },
     Ebpf, EbpfLoader,
 };
 use pirate_common::{counters, ctx::CHAIN_PIRATE, maps, pirate::layout::Layout};
 use tracing::{info, warn};
 
-use crate::config::{AttachMode, Config};
+use crate::config::{AttachMode, Config, OnExit};
+use pins::PinDir;
 
 /// The XDP object built from `pirate-ebpf` by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
 
-pub const PIN_ROOT: &str = "/sys/fs/bpf/pirated";
+/// The privileges pirated needs, for errors that come of lacking them.
+pub const NEEDS_ROOT: &str =
+    "pirated needs root, or CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and write access to /run/pirated";
+
+/// Where instances pin their maps and links unless `pin_root` says otherwise.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/pirated";
 
 /// The program attached to the interface: parses once, then tail-calls the chain.
 const ROOT: &str = "pirate_root";
@@ -37,10 +49,10 @@ pub struct Datapath {
     pirate: ProgramFd,
     /// Size of `pirate`'s hand-over ring buffer.
     ring_bytes: u32,
-    /// Where the maps are pinned, once attached.
-    pin_dir: Option<PathBuf>,
-    /// Held while attached: one daemon per instance name.
-    lock: Option<fs::File>,
+    /// The epoch the datapath was in when loaded (the pinned one, on a restart).
+    epoch: u32,
+    /// Where the maps and the link are pinned, once attached, and what to do with them at exit.
+    pins: Option<(PinDir, OnExit)>,
     pub attached_mode: &'static str,
 }
 
@@ -49,11 +61,28 @@ pub const FIRST_EPOCH: u32 = 1;
 
 impl Datapath {
     /// Loads the chain for `config` into the kernel, writes its parameters and fills `CHAIN`,
-    /// without attaching it anywhere. Errors say what to do: privileges, verifier log.
+    /// without attaching it anywhere, and with maps of its own (pinned while loading, in a
+    /// directory removed at once): for benchmarks and tests. Errors say what to do: privileges,
+    /// verifier log.
     pub fn load(config: &Config) -> anyhow::Result<Datapath> {
+        static LOADS: AtomicU32 = AtomicU32::new(0);
+        let root = Path::new(DEFAULT_PIN_ROOT);
+        pins::ensure_bpffs(root)?;
+        let n = LOADS.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!(".load-{}-{n}", std::process::id()));
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dp = Self::load_pinned(config, &dir, false);
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        dp
+    }
+
+    /// Loads the chain with its maps pinned by name in `dir`: the ones there are reused, with the
+    /// epoch they hold, if `reuse` (a restart); else created and pinned.
+    fn load_pinned(config: &Config, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
         let layout = Layout::for_modes(config.pirate.modes);
         let ring_bytes = ring_size(config.max_flows as usize, layout)?;
         let mut ebpf = EbpfLoader::new()
+            .map_pin_path(dir)
             .set_max_entries(layout.flows_map(), config.max_flows)
             .set_max_entries(layout.unused_flows_map(), 1)
             .set_max_entries(maps::RECORDS, ring_bytes)
@@ -62,7 +91,7 @@ impl Datapath {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
                     if io_error.raw_os_error() == Some(libc::EPERM) =>
                 {
-                    anyhow!("creating BPF maps was refused (EPERM): pirated needs root, or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN")
+                    anyhow!("creating BPF maps was refused (EPERM): {NEEDS_ROOT}")
                 }
                 e => anyhow!(e).context("loading the BPF object"),
             })?;
@@ -72,11 +101,15 @@ impl Datapath {
         Array::<_, pirate_common::pirate::config::Params>::try_from(ebpf.map_mut(maps::CONFIG).unwrap())?
             .set(0, config.params(), 0)
             .context("writing CONFIG")?;
-        // Before the program can see a packet: state tagged with an epoch before the first one
-        // is never drained (a flow's first packet was lost so when traffic beat the daemon's loop).
-        Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?
-            .set(0, FIRST_EPOCH, 0)
-            .context("writing EPOCH")?;
+        let mut epochs = Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?;
+        let epoch = if reuse {
+            epochs.get(&0, 0).context("reading the pinned EPOCH")?.max(FIRST_EPOCH)
+        } else {
+            // Before the program can see a packet: state tagged with an epoch before the first
+            // one is never drained.
+            epochs.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
+            FIRST_EPOCH
+        };
         // The root first: it owns the program arrays, whose later members must match it.
         for name in [ROOT, layout.program()] {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
@@ -84,7 +117,7 @@ impl Datapath {
         }
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
-        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, pin_dir: None, lock: None, attached_mode: "none" };
+        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, epoch, pins: None, attached_mode: "none" };
         dp.chain_pirate(true)?;
         Ok(dp)
     }
@@ -101,9 +134,11 @@ impl Datapath {
         Ok(())
     }
 
-    /// Loads the program, attaches it to `config.interface` and pins the maps under
-    /// /sys/fs/bpf/pirated/<instance>. Errors say what to do: missing interface, privileges,
-    /// verifier log.
+    /// Loads the chain, pins it under `<pin_root>/<instance>` and attaches it to
+    /// `config.interface`. What a previous run left there is taken over: maps of the same layout
+    /// are reused (every flow keeps its epoch) and a chain still attached to the interface gets
+    /// the new root in place (`bpf_link_update`), so no packet goes unmeasured. Errors say what
+    /// to do: missing interface, privileges, verifier log.
     pub fn attach(config: &Config) -> anyhow::Result<Datapath> {
         let iface = &config.interface;
         if iface.is_empty() {
@@ -115,15 +150,52 @@ impl Datapath {
         if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
             bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
         }
-        let mut dp = Self::load(config)?;
-        dp.lock = Some(lock_instance(&config.instance)?);
-        let program: &mut Xdp = dp.ebpf.program_mut(ROOT).unwrap().try_into()?;
-        dp.attached_mode = attach(program, iface, config.attach_mode)?;
-        let pin_dir = Path::new(PIN_ROOT).join(&config.instance);
-        pin_maps(&dp.ebpf, &pin_dir, dp.layout)?;
-        dp.pin_dir = Some(pin_dir);
-        info!(interface = %iface, mode = dp.attached_mode, chained = dp.layout.program(), "attached");
+        let layout = layout_tag(config)?;
+        let (pins, reuse) = PinDir::open(Path::new(&config.pin_root), &config.instance, &layout)?;
+        let mut dp = Self::load_pinned(config, pins.path(), reuse)?;
+        if !reuse {
+            pins.mark(&layout)?;
+        }
+        for other in pins.other_links(iface)? {
+            // Unpinned, the link goes (and the chain leaves that interface) once nothing holds it.
+            fs::remove_file(&other).with_context(|| format!("removing {}", other.display()))?;
+            info!(link = %other.display(), "the instance moved to {iface}: detached its chain from the old interface");
+        }
+        let link = pins.link(iface);
+        let root: &mut Xdp = dp.ebpf.program_mut(ROOT).unwrap().try_into()?;
+        dp.attached_mode = if link.exists() {
+            let pinned = PinnedLink::from_pin(&link).with_context(|| format!("opening {}", link.display()))?;
+            let xdp = XdpLink::try_from(FdLink::from(pinned)).context("the pinned link is not an XDP link")?;
+            root.attach_to_link(xdp).context("replacing the attached root program")?;
+            "replaced in place"
+        } else {
+            let (id, mode) = attach(root, iface, config.attach_mode)?;
+            let fd_link = FdLink::try_from(root.take_link(id)?)
+                .context("XDP attached without a bpf_link (Linux before 5.9): restarts cannot keep it")?;
+            fd_link.pin(&link).with_context(|| format!("pinning the XDP link at {}", link.display()))?;
+            mode
+        };
+        info!(
+            interface = %iface,
+            mode = dp.attached_mode,
+            chained = dp.layout.program(),
+            epoch = dp.epoch,
+            maps = if reuse { "reused" } else { "new" },
+            "attached"
+        );
+        dp.pins = Some((pins, config.on_exit));
         Ok(dp)
+    }
+
+    /// Detaches what `instance` left attached and pinned under `pin_root` (`pirated detach`);
+    /// whether there was anything.
+    pub fn detach(config: &Config) -> anyhow::Result<bool> {
+        pins::remove_instance(Path::new(&config.pin_root), &config.instance)
+    }
+
+    /// The epoch the datapath was in when loaded.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// The root program, the chain's entry, e.g. to run it with BPF_PROG_TEST_RUN.
@@ -194,36 +266,37 @@ impl Datapath {
 
 impl Drop for Datapath {
     fn drop(&mut self) {
-        // The XDP link goes with `ebpf`; the pins would otherwise keep the maps alive.
-        if let Some(dir) = &self.pin_dir {
-            if let Err(e) = fs::remove_dir_all(dir) {
-                warn!(dir = %dir.display(), "removing pins: {e}");
+        match &self.pins {
+            Some((pins, OnExit::Detach)) => {
+                // The link's pin goes with the rest; its last descriptor goes with `ebpf`.
+                if let Err(e) = pins.remove() {
+                    warn!("{e:#}");
+                }
             }
+            Some((pins, OnExit::Keep)) => info!(
+                pins = %pins.path().display(),
+                "left the chain attached and its maps pinned: a restart resumes every flow's epoch; `pirated detach` removes them"
+            ),
+            None => {}
         }
     }
 }
 
-fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<&'static str> {
-    let generic = |program: &mut Xdp| {
-        program_attach(program, iface, XdpFlags::SKB_MODE).context("attaching in generic mode").map(|_| "generic")
+fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {
+    let with = |program: &mut Xdp, flags, name| {
+        program
+            .attach(iface, flags)
+            .map(|id| (id, name))
+            .map_err(|e| anyhow!(e).context(format!("attaching in {name} mode")))
     };
     match mode {
-        AttachMode::Native => program_attach(program, iface, XdpFlags::DRV_MODE)
-            .context("attaching in native (driver) mode")
-            .map(|_| "native"),
-        AttachMode::Generic => generic(program),
-        AttachMode::Auto => match program_attach(program, iface, XdpFlags::DRV_MODE) {
-            Ok(()) => Ok("native"),
-            Err(e) => {
-                warn!("native XDP attach failed ({e:#}); falling back to generic mode");
-                generic(program)
-            }
-        },
+        AttachMode::Native => with(program, XdpFlags::DRV_MODE, "native"),
+        AttachMode::Generic => with(program, XdpFlags::SKB_MODE, "generic"),
+        AttachMode::Auto => with(program, XdpFlags::DRV_MODE, "native").or_else(|e| {
+            warn!("native XDP attach failed ({e:#}); falling back to generic mode");
+            with(program, XdpFlags::SKB_MODE, "generic")
+        }),
     }
-}
-
-fn program_attach(program: &mut Xdp, iface: &str, flags: XdpFlags) -> anyhow::Result<()> {
-    program.attach(iface, flags).map(|_| ()).map_err(|e| anyhow!(e))
 }
 
 fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
@@ -235,63 +308,12 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
     }
 }
 
-/// Pins the maps an operator may inspect or another program may share (the flow table, counters,
-/// configuration, epoch, and the program arrays: `FORWARD` is where a balancer registers, and the
-/// kernel empties a program array when its last descriptor or pin goes). Not the per-CPU
-/// scratch maps, nor the hand-over ring buffer, which is pirated's alone to consume.
-fn pin_maps(ebpf: &Ebpf, dir: &Path, layout: Layout) -> anyhow::Result<()> {
-    if dir.exists() {
-        // A previous run that died without cleaning up; its pins hold nothing we reuse.
-        fs::remove_dir_all(dir).with_context(|| format!("removing stale pins in {}", dir.display()))?;
-    }
-    ensure_bpffs()?;
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, map) in ebpf.maps() {
-        let unused = [maps::BLANK, maps::CTX, maps::RECORDS, layout.unused_flows_map()].contains(&name);
-        if !unused {
-            map.pin(dir.join(name)).with_context(|| format!("pinning {name} in {}", dir.display()))?;
-        }
-    }
-    Ok(())
-}
-
-pub const LOCK_DIR: &str = "/run/pirated";
-
-/// Takes /run/pirated/<instance>.lock, so that a second daemon with the same instance name (and
-/// pin directory) fails instead of removing the first one's pins.
-fn lock_instance(instance: &str) -> anyhow::Result<fs::File> {
-    use std::os::fd::AsRawFd;
-    fs::create_dir_all(LOCK_DIR).with_context(|| format!("creating {LOCK_DIR}"))?;
-    let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
-    let file = fs::File::create(&path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!(
-            "instance {instance:?} is already running ({} is locked): give this daemon another `instance`",
-            path.display()
-        );
-    }
-    Ok(file)
-}
-
-/// Mounts bpffs on /sys/fs/bpf unless it is there: a fresh boot has none, and `ip netns exec`
-/// gives its commands a new /sys without it.
-fn ensure_bpffs() -> anyhow::Result<()> {
-    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    let path = std::ffi::CString::new("/sys/fs/bpf").unwrap();
-    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC {
-        return Ok(());
-    }
-    let fstype = std::ffi::CString::new("bpf").unwrap();
-    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(fstype.as_ptr(), path.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        bail!("/sys/fs/bpf is not a bpffs mount and mounting one failed: {}", std::io::Error::last_os_error());
-    }
-    info!("mounted bpffs on /sys/fs/bpf");
-    Ok(())
+/// The map layout `config` asks for, as the pin directory's marker names it: maps pinned with
+/// another one cannot be reused.
+fn layout_tag(config: &Config) -> anyhow::Result<String> {
+    let layout = Layout::for_modes(config.pirate.modes);
+    let ring = ring_size(config.max_flows as usize, layout)?;
+    Ok(format!("v{}-{layout:?}-flows{}-ring{ring}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase())
 }
 
 /// Ring buffer size: a power of two of at least one page holding one record (and the kernel's

@@ -3,10 +3,7 @@
 use std::os::fd::RawFd;
 
 use super::{EpochData, Kernel};
-use crate::{
-    datapath::{Datapath, FIRST_EPOCH},
-    pirate::drain::Records,
-};
+use crate::{datapath::Datapath, pirate::drain::Records};
 
 pub struct Live {
     dp: Datapath,
@@ -18,7 +15,8 @@ pub struct Live {
 impl Live {
     pub fn new(mut dp: Datapath) -> anyhow::Result<Live> {
         let records = Records::take(&mut dp)?;
-        Ok(Live { dp, records, epoch: FIRST_EPOCH })
+        let epoch = dp.epoch();
+        Ok(Live { dp, records, epoch })
     }
 
     /// The descriptor that becomes readable when flows hand epochs over.

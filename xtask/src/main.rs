@@ -43,6 +43,13 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// One epoch's drain, estimate and report as the flow table grows (64 K and 1 M flows by
+    /// default), and the daemon's resident memory. Needs root.
+    Epoch {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
     /// The paper's and the batches estimator against the clients' own latencies (mean, and
     /// p50/p90/p99 where the client has them) over a matrix of testbed cases, as one table.
     /// Needs root; about 2 minutes.
@@ -105,6 +112,7 @@ fn main() -> Result<()> {
                 .env("RUST_LIB_BACKTRACE", "0"))
         }
         Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
+        Task::Bench { which: Bench::Epoch { args } } => bench("pirate-epoch-bench", &[], &args),
         // The testbed runs pirated and the link emulator from next to the benchmark binary.
         Task::Bench { which: Bench::Accuracy { args } } => {
             bench("pirate-accuracy", &["pirated", "pirate-linkem"], &args)

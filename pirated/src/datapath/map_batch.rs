@@ -1,6 +1,6 @@
-//! Reading a whole hash map with BPF_MAP_LOOKUP_BATCH: a few syscalls per thousand entries
-//! instead of two per entry (get-next-key + lookup), which is what makes a 64 K-flow drain fit
-//! comfortably in an epoch. aya 0.13 has no batch API.
+//! Reading (BPF_MAP_LOOKUP_BATCH) and writing (BPF_MAP_UPDATE_BATCH) a whole hash map: a few
+//! syscalls per thousand entries instead of one or two per entry, which is what makes a drain of
+//! a large flow table fit in an epoch. aya 0.13 has no batch API.
 
 use std::{
     io,
@@ -11,6 +11,7 @@ use std::{
 use aya::maps::MapData;
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 /// Entries per call; a hash bucket never holds nearly this many, so ENOSPC does not occur.
 const CHUNK: usize = 4096;
 
@@ -28,9 +29,8 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// Calls `each` for every entry of the hash map `map`, whose keys and values must be `K` and `V`
-/// (checked). Entries inserted or deleted while it runs may be seen or not; none twice.
-pub fn for_each<K: aya::Pod, V: aya::Pod>(map: &MapData, mut each: impl FnMut(&K, &V)) -> io::Result<()> {
+/// Checks that `map`'s keys and values are `K` and `V`.
+fn check<K, V>(map: &MapData) -> io::Result<()> {
     let info = map.info().map_err(io::Error::other)?;
     if info.key_size() as usize != size_of::<K>() || info.value_size() as usize != size_of::<V>() {
         return Err(io::Error::other(format!(
@@ -41,6 +41,42 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(map: &MapData, mut each: impl FnMut(&K
             size_of::<V>()
         )));
     }
+    Ok(())
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: attr is a valid `batch` bpf_attr whose buffers the caller sized for `count` entries
+    // of the map's key and value sizes (checked by `check`).
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut BatchAttr, size_of::<BatchAttr>()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes every (key, value) into the hash map `map`, whose keys and values must be `K` and `V`
+/// (checked), creating or replacing entries.
+pub fn update<K: aya::Pod, V: aya::Pod>(map: &MapData, keys: &[K], values: &[V]) -> io::Result<()> {
+    check::<K, V>(map)?;
+    let fd = map.fd().as_fd();
+    for (keys, values) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: keys.len().min(values.len()) as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+    }
+    Ok(())
+}
+
+/// Calls `each` for every entry of the hash map `map`, whose keys and values must be `K` and `V`
+/// (checked). Entries inserted or deleted while it runs may be seen or not; none twice.
+pub fn for_each<K: aya::Pod, V: aya::Pod>(map: &MapData, mut each: impl FnMut(&K, &V)) -> io::Result<()> {
+    check::<K, V>(map)?;
     let fd = map.fd().as_fd();
     let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(CHUNK);
     let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(CHUNK);
@@ -57,23 +93,16 @@ pub fn for_each<K: aya::Pod, V: aya::Pod>(map: &MapData, mut each: impl FnMut(&K
             map_fd: fd.as_raw_fd() as u32,
             ..Default::default()
         };
-        // SAFETY: the buffers hold CHUNK keys and values of the map's sizes (checked above); the
-        // kernel writes `count` of each and the token.
-        let rc = unsafe {
-            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
-        };
-        let done = if rc == 0 {
-            false
-        } else {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::ENOENT) => {}
+        // The buffers hold CHUNK keys and values; the kernel writes `count` of each and the token.
+        let done = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+            Ok(()) => false,
+            Err(err) => match err.raw_os_error() {
+                Some(libc::ENOENT) => true,
                 Some(libc::EINVAL) => {
                     return Err(io::Error::other("BPF_MAP_LOOKUP_BATCH is not supported on this map (kernel < 5.6?)"))
                 }
                 _ => return Err(err),
-            }
-            true
+            },
         };
         for i in 0..attr.count as usize {
             // SAFETY: the kernel filled the first `count` entries.

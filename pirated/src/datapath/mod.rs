@@ -69,7 +69,8 @@ impl Datapath {
         let root = Path::new(DEFAULT_PIN_ROOT);
         pins::ensure_bpffs(root)?;
         let n = LOADS.fetch_add(1, Ordering::Relaxed);
-        let dir = root.join(format!(".load-{}-{n}", std::process::id()));
+        // bpffs refuses names with dots.
+        let dir = root.join(format!("load-{}-{n}", std::process::id()));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let dp = Self::load_pinned(config, &dir, false);
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;

@@ -67,12 +67,12 @@ impl PinDir {
 
     /// Where the chain's XDP link on `iface` is pinned.
     pub fn link(&self, iface: &str) -> PathBuf {
-        self.dir.join(format!("{LINK_PREFIX}{iface}"))
+        self.dir.join(link_name(iface))
     }
 
     /// Pinned links on interfaces other than `iface` (the instance moved).
     pub fn other_links(&self, iface: &str) -> anyhow::Result<Vec<PathBuf>> {
-        let own = format!("{LINK_PREFIX}{iface}");
+        let own = link_name(iface);
         Ok(entries(&self.dir)?
             .into_iter()
             .filter(|n| n.starts_with(LINK_PREFIX) && *n != own)
@@ -97,6 +97,12 @@ pub fn remove_instance(root: &Path, instance: &str) -> anyhow::Result<bool> {
     }
     fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     Ok(true)
+}
+
+/// The link's pin name: bpffs refuses dots, which VLAN interfaces have (`eth0.100`), so they
+/// become colons, which no interface name has.
+fn link_name(iface: &str) -> String {
+    format!("{LINK_PREFIX}{}", iface.replace('.', ":"))
 }
 
 fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {

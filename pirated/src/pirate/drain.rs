@@ -72,24 +72,28 @@ where
     FlowState<M>: aya::Pod,
     EpochRecord<M>: aya::Pod,
 {
-    let mut found: HashMap<FlowKey, FlowEpoch> = HashMap::new();
+    let mut flows = Vec::new();
     let mut tracked = 0;
     map_batch::for_each::<FlowKey, FlowState<M>>(table, |key, state| {
         tracked += 1;
         if state.epoch == closed && state.packets > 0 {
-            found.insert(*key, FlowEpoch::from_state(*key, state));
+            flows.push(FlowEpoch::from_state(*key, state));
         }
     })
     .context("reading the flow table")?;
     // After the scan: a flow reset during the scan handed its state over before the reset, and
     // its record overrides a copy the scan may have read mid-update.
-    for rec in take::<M>(ring)? {
-        if rec.state.epoch == closed {
-            found.insert(rec.key, FlowEpoch::from_state(rec.key, &rec.state));
-        }
+    let records: HashMap<FlowKey, FlowEpoch> = take::<M>(ring)?
+        .into_iter()
+        .filter(|rec| rec.state.epoch == closed)
+        .map(|rec| (rec.key, FlowEpoch::from_state(rec.key, &rec.state)))
+        .collect();
+    if !records.is_empty() {
+        flows.retain(|f| !records.contains_key(&f.key));
+        flows.extend(records.into_values());
     }
-    let before = found.len();
-    let flows: Vec<FlowEpoch> = found.into_values().filter(FlowEpoch::is_consistent).collect();
+    let before = flows.len();
+    flows.retain(FlowEpoch::is_consistent);
     Ok(Drained { inconsistent: before - flows.len(), flows, tracked })
 }
 

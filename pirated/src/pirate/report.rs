@@ -36,23 +36,21 @@ pub struct EpochReport {
 }
 
 impl EpochReport {
-    /// `compare`: also the other estimator's per-server quantiles (for the JSON output; they cost
-    /// as much again as the configured one's).
+    /// Estimates every flow of the epoch, on every CPU, and aggregates them per server. Only the
+    /// configured estimator, unless `compare` (for the JSON lines, which carry both: they cost as
+    /// much again).
     pub fn new(
         epoch: u32,
-        mut flows: Vec<FlowEpoch>,
+        flows: Vec<FlowEpoch>,
         settings: &Settings,
         estimator: Estimator,
         compare: bool,
     ) -> EpochReport {
-        flows.sort_by_key(|f| f.key);
-        let flows: Vec<FlowResult> = flows
-            .into_iter()
-            .map(|flow| {
-                let (paper, batches) = settings.both(&flow);
-                FlowResult { flow, paper, batches }
-            })
-            .collect();
+        let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
+        let flows = in_parallel(flows, |flow| {
+            let (paper, batches) = settings.estimate(&flow, paper, batches);
+            FlowResult { flow, paper, batches }
+        });
         let servers_of = |which| {
             let quantiles = compare || which == estimator;
             per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))), quantiles)
@@ -73,9 +71,11 @@ impl EpochReport {
         self.flows.iter().map(|r| r.flow.discarded).sum()
     }
 
-    /// One JSON line per flow, then one per server.
+    /// One JSON line per flow (ordered by flow key), then one per server.
     pub fn write_json(&self, out: &mut impl Write) -> std::io::Result<()> {
-        for r in &self.flows {
+        let mut order: Vec<&FlowResult> = self.flows.iter().collect();
+        order.sort_unstable_by_key(|r| r.flow.key);
+        for r in order {
             let f = &r.flow;
             let est = r.estimate(self.estimator);
             let line = FlowLine {
@@ -121,6 +121,29 @@ impl EpochReport {
         }
         out.flush()
     }
+}
+
+/// `each` over `items` on every CPU, in chunks; the results in the items' order.
+fn in_parallel<T: Send, R: Send>(items: Vec<T>, each: impl Fn(T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_thread = items.len().div_ceil(threads).max(1);
+    let mut chunks: Vec<Vec<T>> = Vec::with_capacity(threads);
+    let mut items = items.into_iter();
+    loop {
+        let chunk: Vec<T> = items.by_ref().take(per_thread).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        chunks.push(chunk);
+    }
+    let each = &each;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| scope.spawn(move || chunk.into_iter().map(each).collect::<Vec<R>>()))
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
 }
 
 /// One estimator's figure.

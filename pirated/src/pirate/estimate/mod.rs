@@ -42,15 +42,21 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Both estimates of one flow's epoch: (paper, batches).
-    pub fn both(&self, flow: &FlowEpoch) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
+    /// One flow's epoch through the estimators asked for: (paper, batches), `None` for one not
+    /// asked for or without a figure.
+    pub fn estimate(
+        &self,
+        flow: &FlowEpoch,
+        paper: bool,
+        batches: bool,
+    ) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
         let chains = Chains::new(&flow.modes, self.epsilon);
         let on_chains = |est: Option<FlowEstimate>| est.map(|e| chains.expand(e, &flow.modes));
         let b = &self.batches;
-        let batches = if self.acked_marks && flow.key.proto == IPPROTO_TCP {
-            batches::marked(&flow.modes, b)
-        } else {
-            match batches::with_break(&chains.modes, b) {
+        let batches = match batches {
+            false => None,
+            true if self.acked_marks && flow.key.proto == IPPROTO_TCP => batches::marked(&flow.modes, b),
+            true => match batches::with_break(&chains.modes, b) {
                 (est, true) => on_chains(est),
                 // Over a long epoch of spread gaps (reordering, loss), the span-capped modes can
                 // fill every interval and chain into one: only the narrow ones still show the
@@ -59,9 +65,10 @@ impl Settings {
                     (narrow, true) => narrow,
                     (_, false) => on_chains(chained),
                 },
-            }
+            },
         };
-        (on_chains(paper::proportional_mode_sum(&chains.modes, &self.paper)), batches)
+        let paper = paper.then(|| on_chains(paper::proportional_mode_sum(&chains.modes, &self.paper))).flatten();
+        (paper, batches)
     }
 }
 
@@ -157,7 +164,7 @@ mod tests {
             let mut st = FlowState::<MODES_COMPACT>::new(1);
             gaps.iter().for_each(|&g| _ = st.modes.insert(g, false, eps, MODES_COMPACT as u32));
             let flow = FlowEpoch::from_state(FlowKey::default(), &st);
-            let (paper, batches) = Settings { epsilon: eps, ..settings }.both(&flow);
+            let (paper, batches) = Settings { epsilon: eps, ..settings }.estimate(&flow, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
             let p99 = per_server([(&flow, &batches)], true)[0].quantiles[2].estimate_ns;
             (flow.modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
@@ -214,7 +221,7 @@ mod tests {
             samples_sum_ns: 0,
             batch_gap_ns: 0,
         };
-        let est = settings.both(&flow).1.unwrap();
+        let est = settings.estimate(&flow, true, true).1.unwrap();
         let ends: u64 = modes[3..].iter().map(|m| m.count).sum();
         let kept: u64 = modes.iter().map(|m| m.sum_ns).sum();
         assert_eq!((est.batches, est.kept_ns), (ends, kept), "{est:?}");

@@ -1,0 +1,157 @@
+//! `cargo xtask bench epoch`: what one epoch costs the daemon as the flow table grows. The kernel
+//! table is filled (BPF_MAP_UPDATE_BATCH) with flows whose state comes from the datapath's own
+//! per-packet code (`pirate::tracker::step`) run over request/response traffic, then each stage
+//! of an epoch is timed as the daemon runs it: drain, estimate (the configured estimator, and
+//! both for JSON), report (metrics; JSON lines to a sink). Printed for each table size side by
+//! side, with the daemon's resident memory.
+
+use std::{io::sink, time::Instant};
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use pirate_common::{
+    ctx::PacketCtx,
+    key::{FlowKey, FAMILY_V4},
+    parse::IPPROTO_UDP,
+    pirate::{config::MODES_COMPACT, flow::FlowState, tracker::step},
+};
+use pirated::{
+    config::Config,
+    datapath::{map_batch, Datapath},
+    epoch::Pipeline,
+    metrics::Metrics,
+    pirate::drain::Records,
+    source::{EpochData, Kernel},
+};
+
+#[derive(Parser)]
+struct Args {
+    /// Flow-table sizes to measure, each filled completely (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "65536,1048576")]
+    flows: Vec<u32>,
+    /// Distinct servers the flows talk to.
+    #[arg(long, default_value_t = 1000)]
+    servers: u32,
+}
+
+/// Distinct per-flow traffic shapes; flows reuse them under their own keys.
+const TEMPLATES: u32 = 256;
+/// The epoch every flow's state belongs to, closed by the drain.
+const EPOCH: u32 = 1;
+
+/// One flow's epoch: batches of 1–3 requests paced 20–60 µs apart, each batch waiting 1–16 ms
+/// for its response (the shape depends on `t`), about 100 gaps.
+fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
+    let params = config.params();
+    let mut st = FlowState::new(EPOCH);
+    let mut pkt = PacketCtx { payload: 100, ..PacketCtx::default() };
+    pkt.key.proto = IPPROTO_UDP;
+    let mut now = 1_000_000u64;
+    let mut seed = 0x9e37_79b9u32.wrapping_mul(t + 1);
+    let mut rand = move |n: u32| {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed % n
+    };
+    let service = 1_000_000 + (t % 16) as u64 * 1_000_000;
+    for _ in 0..40 {
+        for _ in 0..1 + rand(3) {
+            now += 20_000 + rand(40_000) as u64;
+            pkt.ts_ns = now;
+            step(&mut st, EPOCH, &pkt, &params, |_| {});
+        }
+        now += service + rand(200_000) as u64;
+    }
+    st
+}
+
+fn key(i: u32, servers: u32) -> FlowKey {
+    let mut k = FlowKey {
+        sport: 1024 + (i % 60000) as u16,
+        dport: 80,
+        proto: IPPROTO_UDP,
+        family: FAMILY_V4,
+        ..FlowKey::default()
+    };
+    k.src[..4].copy_from_slice(&[10, 100 + (i >> 24) as u8, (i >> 16) as u8, (i >> 8) as u8]);
+    let s = i % servers;
+    k.dst[..4].copy_from_slice(&[10, 200, (s >> 8) as u8, s as u8]);
+    k
+}
+
+/// The process's resident and peak resident memory, MiB (/proc/self/status).
+fn rss_mib() -> Result<(f64, f64)> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let field = |name: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    };
+    Ok((field("VmRSS:"), field("VmHWM:")))
+}
+
+fn ms(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let base = Config::default();
+    let templates: Vec<FlowState<MODES_COMPACT>> = (0..TEMPLATES).map(|t| template(t, &base)).collect();
+    println!(
+        "epoch benchmark: {} servers, {} gaps in {} modes per flow (template 0); {} CPUs",
+        args.servers,
+        templates[0].packets.saturating_sub(1),
+        templates[0].modes.len,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    println!(
+        "{:>9} {:>9} {:>11} {:>11} {:>10} {:>10} {:>11} {:>10} {:>10}",
+        "flows", "drain ms", "estimate ms", "metrics ms", "total ms", "json est", "json write", "RSS MiB", "peak MiB"
+    );
+    for &n in &args.flows {
+        let config = Config { max_flows: n, ..base.clone() };
+        config.validate()?;
+        let mut dp = Datapath::load(&config)?;
+        let keys: Vec<FlowKey> = (0..n).map(|i| key(i, args.servers)).collect();
+        let values: Vec<FlowState<MODES_COMPACT>> = (0..n).map(|i| templates[(i % TEMPLATES) as usize]).collect();
+        map_batch::update(dp.flows()?, &keys, &values)?;
+        drop((keys, values));
+        let mut records = Records::take(&mut dp)?;
+        let counters = dp.counters()?;
+
+        // As the daemon's loop runs it without JSON: the configured estimator's figures only.
+        let started = Instant::now();
+        let drained = records.drain(&dp, EPOCH)?;
+        let drain = ms(started);
+        if drained.flows.len() != n as usize {
+            bail!("drained {} flows of {n}", drained.flows.len());
+        }
+        let kernel = Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent };
+        let flows = drained.flows;
+        let started = Instant::now();
+        let report = Pipeline::new(&config, false).run(EpochData { epoch: EPOCH, flows, kernel: None });
+        let estimate = ms(started);
+        let started = Instant::now();
+        Metrics::new().publish(&report, &kernel);
+        let publish = ms(started);
+        drop(report);
+        // With --output json: both estimators' figures, and every line written.
+        let flows = records.drain(&dp, EPOCH)?.flows;
+        let started = Instant::now();
+        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows, kernel: None });
+        let json_estimate = ms(started);
+        let started = Instant::now();
+        report.write_json(&mut sink())?;
+        let json_write = ms(started);
+        let (rss, peak) = rss_mib()?;
+        println!(
+            "{n:>9} {drain:>9.1} {estimate:>11.1} {publish:>11.1} {:>10.1} {json_estimate:>10.1} {json_write:>11.1} {rss:>10.0} {peak:>10.0}",
+            drain + estimate + publish
+        );
+    }
+    Ok(())
+}

@@ -5,9 +5,9 @@ pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
 /// Direction-aware 5-tuple: client→server and server→client are different flows.
-/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero. 4-byte aligned so that
+/// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero. 8-byte aligned so that
 /// the flow hash reads it as words.
-#[repr(C, align(4))]
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
     pub src: [u8; 16],

@@ -81,7 +81,7 @@ impl Datapath {
     /// epoch they hold, if `reuse` (a restart); else created and pinned.
     fn load_pinned(config: &Config, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
         let layout = Layout::for_modes(config.pirate.modes);
-        let ring_bytes = ring_size(config.max_flows as usize, layout)?;
+        let ring_bytes = ring_size(config.max_flows as usize, layout);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(dir)
             .set_max_entries(layout.flows_map(), config.max_flows)
@@ -151,7 +151,7 @@ impl Datapath {
         if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
             bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
         }
-        let layout = layout_tag(config)?;
+        let layout = layout_tag(config);
         let (pins, reuse) = PinDir::open(Path::new(&config.pin_root), &config.instance, &layout)?;
         let mut dp = Self::load_pinned(config, pins.path(), reuse)?;
         if !reuse {
@@ -309,23 +309,24 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
     }
 }
 
-/// The map layout `config` asks for, as the pin directory's marker names it: maps pinned with
-/// another one cannot be reused.
-fn layout_tag(config: &Config) -> anyhow::Result<String> {
+/// The layout `config` asks of the pinned maps, as the pin directory's marker names it: maps
+/// pinned with another one cannot be reused.
+fn layout_tag(config: &Config) -> String {
     let layout = Layout::for_modes(config.pirate.modes);
-    let ring = ring_size(config.max_flows as usize, layout)?;
-    Ok(format!("v{}-{layout:?}-flows{}-ring{ring}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase())
+    format!("v{}-{layout:?}-flows{}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase()
 }
 
-/// Ring buffer size: a power of two of at least one page holding one record (and the kernel's
-/// 8-byte header) per flow. Records only accumulate between an epoch flip and the drain that
-/// follows; pirated discards the stale ones as they arrive in between.
-fn ring_size(flows: usize, layout: Layout) -> anyhow::Result<u32> {
-    let bytes = (flows * (layout.record_size() + 8)).max(4096).next_power_of_two();
-    if bytes > 1 << 30 {
-        bail!("max_flows = {flows} needs a {bytes}-byte hand-over ring buffer, over the 1 GiB limit");
-    }
-    Ok(bytes as u32)
+/// The most a hand-over ring takes: about 860 K compact records (with the kernel's 8-byte header
+/// each). Beyond that many flows touched between an epoch flip and its drain, a flow's finished
+/// epoch is lost, and counted.
+const MAX_RING_BYTES: usize = 256 << 20;
+
+/// Ring buffer size: a power of two of at least one page holding one record per flow, up to
+/// `MAX_RING_BYTES`. Records only accumulate between an epoch flip and the drain that follows;
+/// pirated discards the stale ones as they arrive in between, and one that finds the ring full
+/// is counted (`pirated_epoch_records_lost_total`).
+fn ring_size(flows: usize, layout: Layout) -> u32 {
+    (flows * (layout.record_size() + 8)).clamp(4096, MAX_RING_BYTES).next_power_of_two() as u32
 }
 
 fn map_data(map: &Map) -> anyhow::Result<&MapData> {
@@ -342,4 +343,21 @@ fn memlock_of_fd(fd: i32) -> anyhow::Result<u64> {
         .find_map(|l| l.strip_prefix("memlock:"))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| anyhow!("no memlock in fdinfo"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ring holds a record per flow up to its ceiling, so every `max_flows` that `check`
+    /// accepts also loads (the kernel wants a power-of-two number of pages).
+    #[test]
+    fn the_ring_holds_a_record_per_flow_up_to_its_ceiling() {
+        let record = Layout::Compact.record_size() + 8;
+        for flows in [1, 100, 65_536, 1 << 20, 4_000_000, 1 << 24] {
+            let bytes = ring_size(flows, Layout::Compact) as usize;
+            assert!(bytes.is_power_of_two() && (4096..=MAX_RING_BYTES).contains(&bytes), "{flows}: {bytes}");
+            assert!(bytes >= (flows * record).min(MAX_RING_BYTES), "{flows} flows, {bytes} bytes");
+        }
+    }
 }

@@ -6,5 +6,6 @@ pub mod config;
 pub mod datapath;
 pub mod epoch;
 pub mod metrics;
+pub mod parallel;
 pub mod pirate;
 pub mod source;

@@ -47,7 +47,7 @@ impl EpochReport {
         compare: bool,
     ) -> EpochReport {
         let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
-        let flows = in_parallel(flows, |flow| {
+        let flows = crate::parallel::map(flows, |flow| {
             let (paper, batches) = settings.estimate(&flow, paper, batches);
             FlowResult { flow, paper, batches }
         });
@@ -121,29 +121,6 @@ impl EpochReport {
         }
         out.flush()
     }
-}
-
-/// `each` over `items` on every CPU, in chunks; the results in the items' order.
-fn in_parallel<T: Send, R: Send>(items: Vec<T>, each: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per_thread = items.len().div_ceil(threads).max(1);
-    let mut chunks: Vec<Vec<T>> = Vec::with_capacity(threads);
-    let mut items = items.into_iter();
-    loop {
-        let chunk: Vec<T> = items.by_ref().take(per_thread).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        chunks.push(chunk);
-    }
-    let each = &each;
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| scope.spawn(move || chunk.into_iter().map(each).collect::<Vec<R>>()))
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
-    })
 }
 
 /// One estimator's figure.

@@ -117,15 +117,13 @@ pub fn per_server<'a>(
             a.spans.extend(spans(&flow.modes, est));
         }
     }
-    acc.into_iter()
-        .map(|(server, a)| ServerEstimate {
-            server,
-            estimate_ns: a.kept_ns as f64 / a.batches as f64,
-            flows: a.flows,
-            batches: a.batches,
-            quantiles: quantile::quantiles(&a.spans, &QUANTILES),
-        })
-        .collect()
+    crate::parallel::map(acc.into_iter().collect(), |(server, a)| ServerEstimate {
+        server,
+        estimate_ns: a.kept_ns as f64 / a.batches as f64,
+        flows: a.flows,
+        batches: a.batches,
+        quantiles: quantile::quantiles(&a.spans, &QUANTILES),
+    })
 }
 
 #[cfg(test)]

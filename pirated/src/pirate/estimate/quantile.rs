@@ -57,7 +57,6 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
     if total == 0 {
         return Vec::new();
     }
-    let fits: Vec<Fit> = spans.iter().map(Fit::new).collect();
     let sorted = |key: fn(&Span) -> f64| {
         let mut v: Vec<(f64, u64)> = spans.iter().map(|s| (key(s), s.count)).collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -68,7 +67,20 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         .map(|&q| {
             let rank = q * total as f64;
             let (lower_ns, upper_ns) = (weighted_rank(&los, rank), weighted_rank(&his, rank));
-            Quantile { q, estimate_ns: mixture_quantile(&fits, rank, lower_ns, upper_ns), lower_ns, upper_ns }
+            // The bisection stays inside the bounds: a span wholly below them counts all its gaps
+            // there, one wholly above none; only the spans across them need their shape.
+            let mut below = 0.0;
+            let across: Vec<Fit> = spans
+                .iter()
+                .filter(|s| {
+                    let wholly_below = s.hi_ns <= lower_ns;
+                    below += if wholly_below { s.count as f64 } else { 0.0 };
+                    !wholly_below && s.lo_ns < upper_ns
+                })
+                .map(Fit::new)
+                .collect();
+            let estimate_ns = mixture_quantile(&across, rank - below, lower_ns, upper_ns);
+            Quantile { q, estimate_ns, lower_ns, upper_ns }
         })
         .collect()
 }

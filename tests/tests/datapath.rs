@@ -353,3 +353,43 @@ fn restarts_keep_every_flows_state_under_traffic() -> Result<()> {
     ensure!(err.abs() < 0.01, "estimate after the restarts {:.0} ns vs the sender's {truth_ns:.0} ns", est * 1e9);
     Ok(())
 }
+
+/// The kernel's id of the map pinned at `path`.
+fn map_id(path: &std::path::Path) -> Result<u64> {
+    let out = std::process::Command::new("bpftool").args(["-j", "map", "show", "pinned"]).arg(path).output()?;
+    ensure!(
+        out.status.success(),
+        "bpftool map show pinned {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)?["id"].as_u64().context("no map id")
+}
+
+/// A start with another map layout (a bigger flow table) begins with fresh maps under a new
+/// layout marker, while `FORWARD`, where balancers registered, is the same map as before; the
+/// chain stays attached throughout.
+#[test]
+fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let root = PinRoot::new()?;
+    let config = format!("{CONFIG}pin_root = \"{}\"\n", root.path.display());
+    let dir = root.path.join(tb.vp.name());
+    Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?.stop()?;
+    let (forward, flows) = (map_id(&dir.join("FORWARD"))?, map_id(&dir.join("FLOWS"))?);
+    let before = pins(&root.path, tb.vp.name())?;
+    Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("{config}max_flows = 1024\n"))?.stop()?;
+    let after = pins(&root.path, tb.vp.name())?;
+    ensure!(attached(&tb)?, "the chain left the interface");
+    ensure!(map_id(&dir.join("FORWARD"))? == forward, "FORWARD was replaced");
+    ensure!(map_id(&dir.join("FLOWS"))? != flows, "the flow table of the old layout was reused");
+    let marker = |pins: &[String]| pins.iter().filter(|p| p.starts_with("layout-")).cloned().collect::<Vec<_>>();
+    ensure!(
+        marker(&after) == ["layout-v1-compact-flows1024"],
+        "markers {:?} (before {:?})",
+        marker(&after),
+        marker(&before)
+    );
+    ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");
+    Ok(())
+}

@@ -105,9 +105,11 @@ fn load(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 }
 
 fn main() {
+    // Colour only for a terminal: journald, files and pipes get plain text.
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

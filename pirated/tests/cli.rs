@@ -48,6 +48,9 @@ fn missing_interface_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("interface \"no-such-if0\" does not exist"), "{err}");
+    // Its log lines went to a pipe: plain text, no terminal colour codes.
+    assert!(err.contains("INFO") && err.contains("serving /metrics"), "{err}");
+    assert!(!err.contains('\x1b'), "colour codes in piped logs: {err:?}");
 }
 
 #[test]

@@ -393,3 +393,34 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");
     Ok(())
 }
+
+/// A second instance on an interface the first one's chain holds fails, saying so, and leaves the
+/// first one measuring.
+#[test]
+fn a_second_instance_on_the_interface_names_the_cause() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let _received = udp_sink(&tb, 9004)?;
+    let mut first = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
+    let file = std::env::temp_dir().join(format!("pirated-second-{}.toml", std::process::id()));
+    std::fs::write(&file, format!("interface = \"{VP_CLIENT_IF}\"\ninstance = \"second\"\n"))?;
+    let bin = workspace_binary("pirated")?;
+    let out = tb
+        .vp
+        .command(&[bin.to_str().unwrap(), "run", "--config", file.to_str().unwrap(), "--listen", "127.0.0.1:9465"])
+        .output()?;
+    std::fs::remove_file(&file)?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(1), "the second instance did not fail: {err}");
+    ensure!(err.contains(&format!("interface \"{VP_CLIENT_IF}\" already has an XDP program")), "{err}");
+    ensure!(!err.contains("falling back"), "a busy interface is no reason to try generic mode: {err}");
+    // The first instance still measures.
+    let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, 0)))??;
+    let client = format!("{CLIENT_IP}:{}", sock.local_addr()?.port());
+    for _ in 0..20 {
+        sock.send_to(b"x", (SERVER_IP, 9004))?;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    first.wait_for(Duration::from_secs(5), |v| v["type"] == "flow" && v["client"] == client.as_str())?;
+    first.stop()?;
+    Ok(())
+}

@@ -170,7 +170,16 @@ impl Datapath {
             root.attach_to_link(xdp).context("replacing the attached root program")?;
             "replaced in place"
         } else {
-            let (id, mode) = attach(root, iface, config.attach_mode)?;
+            let (id, mode) = match attach(root, iface, config.attach_mode) {
+                Ok(attached) => attached,
+                Err(e) => {
+                    if !reuse {
+                        // Nothing of this instance runs: its fresh pins would only be left over.
+                        pins.remove()?;
+                    }
+                    return Err(e);
+                }
+            };
             let fd_link = FdLink::try_from(root.take_link(id)?)
                 .context("XDP attached without a bpf_link (Linux before 5.9): restarts cannot keep it")?;
             fd_link.pin(&link).with_context(|| format!("pinning the XDP link at {}", link.display()))?;
@@ -285,19 +294,37 @@ impl Drop for Datapath {
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {
     let with = |program: &mut Xdp, flags, name| {
-        program
-            .attach(iface, flags)
-            .map(|id| (id, name))
-            .map_err(|e| anyhow!(e).context(format!("attaching in {name} mode")))
+        program.attach(iface, flags).map(|id| (id, name)).map_err(|e| {
+            let e = anyhow!(e).context(format!("attaching in {name} mode"));
+            if !occupied(&e) {
+                return e;
+            }
+            e.context(format!(
+                "interface {iface:?} already has an XDP program, not this instance's: another pirated instance (each needs an \
+                 interface of its own) or another tool. `ip -d link show {iface}` names it; `pirated detach` with that \
+                 instance's configuration removes what a stopped pirated left, `ip link set dev {iface} xdp off` any"
+            ))
+        })
     };
     match mode {
         AttachMode::Native => with(program, XdpFlags::DRV_MODE, "native"),
         AttachMode::Generic => with(program, XdpFlags::SKB_MODE, "generic"),
         AttachMode::Auto => with(program, XdpFlags::DRV_MODE, "native").or_else(|e| {
+            if occupied(&e) {
+                return Err(e);
+            }
             warn!("native XDP attach failed ({e:#}); falling back to generic mode");
             with(program, XdpFlags::SKB_MODE, "generic")
         }),
     }
+}
+
+/// Whether an attach failed because the interface has an XDP program already: EBUSY in the same
+/// mode, EEXIST when the other mode has one.
+fn occupied(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|cause| cause.downcast_ref::<std::io::Error>()?.raw_os_error())
+        .any(|errno| errno == libc::EBUSY || errno == libc::EEXIST)
 }
 
 fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {

@@ -6,17 +6,19 @@ use std::{
     io::Write,
     path::Path,
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
+use anyhow::Context;
 use tokio::{
     io::{unix::AsyncFd, Interest},
     time::{interval, MissedTickBehavior},
 };
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     config::Config,
+    json::{JsonLines, Sent},
     metrics::Metrics,
     pirate::{
         estimate::{Estimator, Settings},
@@ -74,6 +76,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let pipeline = Pipeline::new(config, json);
+    let lines = if json { Some(JsonLines::spawn().context("starting the JSON lines writer")?) } else { None };
     // SAFETY: the ring buffer's descriptor belongs to `live`, which outlives `ring` (this function).
     let ring = unsafe { AsyncFd::register_with_interest(Borrowed(live.records_fd()), Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
@@ -98,15 +101,30 @@ pub async fn run(
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
-        let report = tokio::task::spawn_blocking(move || pipeline.run(data)).await?;
-        if json {
-            report.write_json(&mut std::io::stdout().lock())?;
-        }
+        let (report, text) = tokio::task::spawn_blocking(move || {
+            let report = pipeline.run(data);
+            let mut text = Vec::new();
+            let written = if json { report.write_json(&mut text) } else { Ok(()) };
+            written.map(|()| (report, text))
+        })
+        .await??;
+        let sent = lines.as_ref().map(|l| l.send(text));
         let mut m = metrics.lock().unwrap();
         m.publish(&report, &kernel);
         m.observe_epoch_time(started.elapsed());
+        match sent {
+            Some(Sent::Dropped) => m.json_epoch_dropped(),
+            Some(Sent::Closed) => {
+                info!("stdout was closed: stopping");
+                return Ok(());
+            }
+            _ => {}
+        }
         debug!(epoch = report.epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {
+            if let Some(lines) = lines {
+                lines.finish(Duration::from_secs(2));
+            }
             return Ok(());
         }
     }

@@ -41,6 +41,7 @@ pub struct Metrics {
     packets: Family<OutcomeLabel, Counter>,
     epochs: Counter,
     epoch_seconds: Histogram,
+    json_dropped: Counter,
     /// Kernel counters are absolute; the Prometheus counters advance by the difference.
     last_kernel: [u64; counters::COUNT as usize],
 }
@@ -62,6 +63,7 @@ impl Metrics {
             packets: Family::default(),
             epochs: Counter::default(),
             epoch_seconds: Histogram::new(exponential_buckets(100e-6, 2.0, 16)),
+            json_dropped: Counter::default(),
             last_kernel: [0; counters::COUNT as usize],
             registry: Registry::default(),
         };
@@ -82,7 +84,16 @@ impl Metrics {
             "Time to drain, estimate and publish one epoch",
             m.epoch_seconds.clone(),
         );
+        registry.register(
+            "json_epochs_dropped",
+            "Epochs whose JSON lines were dropped because stdout's reader was epochs behind",
+            m.json_dropped.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    pub fn json_epoch_dropped(&self) {
+        self.json_dropped.inc();
     }
 
     /// Publishes one epoch: per-label gauges are replaced, counters advance.

@@ -306,6 +306,15 @@ impl Drop for Pirated {
     }
 }
 
+/// The value of `name_and_labels` (e.g. `pirated_packets_total{outcome="measured"}`) on a
+/// /metrics page; panics, showing the page, if it is not there.
+pub fn metric(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name_and_labels))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("{name_and_labels} not in metrics:\n{text}"))
+}
+
 /// pirated's per-epoch estimates in `lines` for one flow (`Of::Flow(client addr:port)`) or one
 /// server (`Of::Server(addr:port)`), from the configured estimator or a named one, combined
 /// over the run: Σ estimate·batches / Σ batches, in seconds, with the batches. Epochs without an

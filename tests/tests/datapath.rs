@@ -36,13 +36,9 @@ fn udp_sink(tb: &OnePoint, port: u16) -> Result<Arc<AtomicU64>> {
     Ok(received)
 }
 
+/// A counter or gauge from a /metrics page, as a whole number.
 fn metric(text: &str, name_and_labels: &str) -> u64 {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name_and_labels))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("{name_and_labels} not in metrics:\n{text}"))
+    pirate_tests::testbed::metric(text, name_and_labels) as u64
 }
 
 fn flow_lines<'a>(lines: &'a [Value], client: &'a str) -> impl Iterator<Item = &'a Value> + 'a {

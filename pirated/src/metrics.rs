@@ -42,6 +42,7 @@ pub struct Metrics {
     epochs: Counter,
     epoch_seconds: Histogram,
     json_dropped: Counter,
+    accept_errors: Counter,
     /// Kernel counters are absolute; the Prometheus counters advance by the difference.
     last_kernel: [u64; counters::COUNT as usize],
 }
@@ -64,6 +65,7 @@ impl Metrics {
             epochs: Counter::default(),
             epoch_seconds: Histogram::new(exponential_buckets(100e-6, 2.0, 16)),
             json_dropped: Counter::default(),
+            accept_errors: Counter::default(),
             last_kernel: [0; counters::COUNT as usize],
             registry: Registry::default(),
         };
@@ -88,6 +90,11 @@ impl Metrics {
             "json_epochs_dropped",
             "Epochs whose JSON lines were dropped because stdout's reader was epochs behind",
             m.json_dropped.clone(),
+        );
+        registry.register(
+            "metrics_accept_errors",
+            "Connections to /metrics that could not be accepted (out of file descriptors, reset early)",
+            m.accept_errors.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -123,10 +130,20 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve_on(listener: TcpListener, metrics: Arc<std::sync::Mutex<Metrics>>) -> anyhow::Result<()> {
+/// Serves `GET /metrics` on `listener` until the task is dropped. A failed accept (out of file
+/// descriptors, a connection reset before it was taken) leaves the listener usable: it is logged,
+/// counted, and the server goes on after a pause.
+pub async fn serve_on(listener: TcpListener, metrics: Arc<std::sync::Mutex<Metrics>>) {
     loop {
-        let (mut conn, peer) = listener.accept().await?;
+        let (mut conn, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                warn!("accepting a metrics connection: {e}");
+                metrics.lock().unwrap().accept_errors.inc();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 8192];

@@ -1,9 +1,9 @@
 //! The daemon's own behaviour as an operator meets it: its JSON lines never hold up the epoch
-//! loop, and a reader that goes away stops it cleanly.
+//! loop, a reader that goes away stops it cleanly, and /metrics outlives failed accepts.
 
 use std::{
     io::{BufRead, BufReader, Read},
-    net::UdpSocket,
+    net::{TcpStream, UdpSocket},
     process::{Child, Stdio},
     time::{Duration, Instant},
 };
@@ -13,15 +13,48 @@ use pirate_tests::testbed::{metric, workspace_binary, OnePoint, CLIENT_IP, SERVE
 
 const LISTEN: &str = "127.0.0.1:9466";
 
-/// pirated with 20 ms epochs and JSON lines on a pipe the test holds.
-fn start(tb: &OnePoint, name: &str) -> Result<Child> {
+/// pirated with 20 ms epochs and JSON lines on a pipe the test holds, run by `wrapper` (a
+/// command and its arguments, or nothing).
+fn start_with(tb: &OnePoint, name: &str, wrapper: &[&str]) -> Result<Child> {
     let file = std::env::temp_dir().join(format!("pirated-{name}-{}.toml", std::process::id()));
     std::fs::write(&file, format!("interface = \"{VP_CLIENT_IF}\"\ninstance = \"{name}\"\nepoch = \"20ms\"\n"))?;
     let bin = workspace_binary("pirated")?;
-    let args =
-        [bin.to_str().unwrap(), "run", "--config", file.to_str().unwrap(), "--output", "json", "--listen", LISTEN];
+    let mut args = wrapper.to_vec();
+    args.extend([
+        bin.to_str().unwrap(),
+        "run",
+        "--config",
+        file.to_str().unwrap(),
+        "--output",
+        "json",
+        "--listen",
+        LISTEN,
+    ]);
     let child = tb.vp.command(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     Ok(child)
+}
+
+fn start(tb: &OnePoint, name: &str) -> Result<Child> {
+    start_with(tb, name, &[])
+}
+
+/// Reads `child`'s log until it has attached, then keeps reading it in the background (so that
+/// it never blocks on a full pipe); returns the lines read so far and later.
+fn attached(child: &mut Child) -> Result<std::sync::Arc<std::sync::Mutex<Vec<String>>>> {
+    let mut stderr = BufReader::new(child.stderr.take().context("stderr")?);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    loop {
+        let mut line = String::new();
+        ensure!(stderr.read_line(&mut line)? > 0, "pirated ended before attaching: {:?}", log.lock().unwrap());
+        let done = line.contains("attached");
+        log.lock().unwrap().push(line);
+        if done {
+            break;
+        }
+    }
+    let sink = log.clone();
+    std::thread::spawn(move || stderr.lines().map_while(Result::ok).for_each(|l| sink.lock().unwrap().push(l)));
+    Ok(log)
 }
 
 /// 200 flows from the client, a datagram each every 10 ms, for `how_long`.
@@ -62,12 +95,7 @@ fn exit_within(child: &mut Child, timeout: Duration) -> Result<std::process::Exi
 fn a_stalled_reader_never_holds_up_the_epochs() -> Result<()> {
     let tb = OnePoint::new()?;
     let mut pirated = start(&tb, "stalled")?;
-    let mut stderr = BufReader::new(pirated.stderr.take().context("stderr")?);
-    let mut line = String::new();
-    while !line.contains("attached") {
-        line.clear();
-        ensure!(stderr.read_line(&mut line)? > 0, "pirated ended before attaching");
-    }
+    attached(&mut pirated)?;
     let started = Instant::now();
     traffic(&tb, Duration::from_millis(1500))?.join().unwrap()?;
     let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{LISTEN}/metrics")])?;
@@ -104,5 +132,38 @@ fn a_closed_stdout_stops_pirated_cleanly() -> Result<()> {
     pirated.stderr.take().context("stderr")?.read_to_string(&mut err)?;
     ensure!(status.success(), "pirated exited with {status}: {err}");
     ensure!(err.contains("stdout was closed: stopping"), "{err}");
+    Ok(())
+}
+
+/// pirated out of file descriptors (a limit of 64, 100 connections held open on /metrics): the
+/// accepts that fail are logged and counted, and once the connections go, /metrics answers again.
+#[test]
+fn metrics_outlive_failed_accepts() -> Result<()> {
+    let tb = OnePoint::new()?;
+    let mut pirated = start_with(&tb, "nofile", &["prlimit", "--nofile=64:64"])?;
+    let log = attached(&mut pirated)?;
+    let _stdout = pirated.stdout.take();
+    let held: Vec<TcpStream> =
+        (0..100).map(|_| tb.vp.run_in(|| TcpStream::connect(LISTEN))?.map_err(Into::into)).collect::<Result<_>>()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !log.lock().unwrap().iter().any(|l| l.contains("accepting a metrics connection")) {
+        ensure!(Instant::now() < deadline, "no failed accept logged: {:?}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        match tb.vp.run(&["curl", "-sf", "--max-time", "1", &format!("http://{LISTEN}/metrics")]) {
+            Ok(text) => break text,
+            Err(e) => ensure!(Instant::now() < deadline, "/metrics never answered again: {e:#}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let errors = metric(&metrics, "pirated_metrics_accept_errors_total");
+    eprintln!("{errors} failed accepts counted; /metrics answers again");
+    ensure!(errors > 0.0, "failed accepts were logged but not counted");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pirated.id() as i32, libc::SIGTERM) };
+    ensure!(exit_within(&mut pirated, Duration::from_secs(5))?.success(), "pirated failed to stop");
     Ok(())
 }

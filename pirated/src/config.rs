@@ -3,7 +3,7 @@
 
 use std::{fmt, net::SocketAddr, path::Path, str::FromStr, time::Duration};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use pirate_common::pirate::batch_break::BreakRules;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
@@ -132,70 +132,108 @@ impl Config {
         Self::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 
-    /// Parses and validates; syntax and type errors carry the line and column.
+    /// Parses and validates; syntax and type errors carry the line and column, values out of
+    /// their range the line of their key (or of the other key they conflict with) where it is set.
     pub fn parse(text: &str) -> anyhow::Result<Config> {
         let config: Config = toml::from_str(text)?;
-        config.validate()?;
+        config.validate().map_err(|e| {
+            let line = e.downcast_ref::<Invalid>().and_then(|i| i.keys.iter().find_map(|k| line_of(text, k)));
+            match line {
+                Some(line) => e.context(format!("line {line}")),
+                None => e,
+            }
+        })?;
         Ok(config)
     }
 
+    /// Checks every value `run` depends on; an error names the keys it is about ([`Invalid`]).
     pub fn validate(&self) -> anyhow::Result<()> {
         let p = &self.pirate;
         if self.instance.is_empty() || !self.instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            bail!("instance = {:?}: use letters, digits, '-' and '_' (it names a directory)", self.instance);
+            return refuse(
+                &["instance"],
+                format!("instance = {:?}: use letters, digits, '-' and '_' (it names a directory)", self.instance),
+            );
         }
         if !self.pin_root.starts_with('/') {
-            bail!("pin_root = {:?}: must be an absolute path on bpffs", self.pin_root);
+            return refuse(&["pin_root"], format!("pin_root = {:?}: must be an absolute path on bpffs", self.pin_root));
         }
         if !(1..=MAX_MODES).contains(&p.modes) {
-            bail!("pirate.modes = {}: must be 1..={MAX_MODES}", p.modes);
+            return refuse(&["pirate.modes"], format!("pirate.modes = {}: must be 1..={MAX_MODES}", p.modes));
         }
         let epoch = self.epoch.0;
         if epoch < Duration::from_millis(10) || epoch > Duration::from_secs(60) {
-            bail!("epoch = {}: must be between 10ms and 60s", self.epoch);
+            return refuse(&["epoch"], format!("epoch = {}: must be between 10ms and 60s", self.epoch));
         }
         if self.max_flows == 0 || self.max_flows > 1 << 24 {
-            bail!("max_flows = {}: must be 1..=16777216", self.max_flows);
+            return refuse(&["max_flows"], format!("max_flows = {}: must be 1..=16777216", self.max_flows));
         }
-        let first_delta = match p.delta {
-            AutoOr::Fixed(delta) => delta,
-            AutoOr::Auto => Dur(FIRST_EPOCH_DELTA),
+        let (first_delta, which) = match p.delta {
+            AutoOr::Fixed(delta) => (delta, ""),
+            AutoOr::Auto => (Dur(FIRST_EPOCH_DELTA), " in a flow's first epoch with \"auto\""),
         };
         if p.idle_floor.0 <= first_delta.0 {
-            bail!("pirate.idle_floor ({}) must be above pirate.delta ({first_delta} with \"auto\")", p.idle_floor);
+            return refuse(
+                &["pirate.idle_floor", "pirate.delta"],
+                format!("pirate.idle_floor ({}) must be above pirate.delta ({first_delta}{which})", p.idle_floor),
+            );
         }
         if p.idle_floor.0 > Duration::from_secs(4) {
-            bail!("pirate.idle_floor = {}: gaps are kept up to 4.29s, so at most 4s", p.idle_floor);
+            return refuse(
+                &["pirate.idle_floor"],
+                format!("pirate.idle_floor = {}: gaps are kept up to 4.29s, so at most 4s", p.idle_floor),
+            );
         }
         if p.epsilon.0 >= Duration::from_secs(1) {
-            bail!("pirate.epsilon = {}: must be below 1s", p.epsilon);
+            return refuse(&["pirate.epsilon"], format!("pirate.epsilon = {}: must be below 1s", p.epsilon));
         }
         if !(0.0..=0.5).contains(&p.epsilon_relative) {
-            bail!("pirate.epsilon_relative = {}: must be in [0, 0.5]", p.epsilon_relative);
+            return refuse(
+                &["pirate.epsilon_relative"],
+                format!("pirate.epsilon_relative = {}: must be in [0, 0.5]", p.epsilon_relative),
+            );
         }
         if p.mode_span > MAX_MODE_SPAN {
-            bail!("pirate.mode_span = {}: must be 0 (unbounded) ..={MAX_MODE_SPAN}", p.mode_span);
+            return refuse(
+                &["pirate.mode_span"],
+                format!("pirate.mode_span = {}: must be 0 (unbounded) ..={MAX_MODE_SPAN}", p.mode_span),
+            );
         }
         if p.min_break_ratio < 1.0 || !p.min_break_ratio.is_finite() {
-            bail!("pirate.min_break_ratio = {}: must be at least 1", p.min_break_ratio);
+            return refuse(
+                &["pirate.min_break_ratio"],
+                format!("pirate.min_break_ratio = {}: must be at least 1", p.min_break_ratio),
+            );
         }
         if !(0.0..=1.0).contains(&p.min_break_time_share) {
-            bail!("pirate.min_break_time_share = {}: must be in [0, 1]", p.min_break_time_share);
+            return refuse(
+                &["pirate.min_break_time_share"],
+                format!("pirate.min_break_time_share = {}: must be in [0, 1]", p.min_break_time_share),
+            );
         }
         if p.intra_batch_max.0 >= p.idle_floor.0 {
-            bail!("pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})", p.intra_batch_max, p.idle_floor);
+            return refuse(
+                &["pirate.intra_batch_max", "pirate.idle_floor"],
+                format!(
+                    "pirate.intra_batch_max ({}) must be below pirate.idle_floor ({})",
+                    p.intra_batch_max, p.idle_floor
+                ),
+            );
         }
         if let AutoOr::Fixed(gap) = p.batch_gap {
             if gap.0.is_zero() || gap.0 >= p.idle_floor.0 {
-                bail!(
-                    "pirate.batch_gap = {gap}: must be \"auto\" or a duration above 0 and below pirate.idle_floor ({})",
-                    p.idle_floor
+                return refuse(
+                    &["pirate.batch_gap", "pirate.idle_floor"],
+                    format!("pirate.batch_gap = {gap}: must be \"auto\" or a duration above 0 and below pirate.idle_floor ({})", p.idle_floor),
                 );
             }
         }
         if p.min_ibg_gaps == 0 {
-            bail!("pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)");
+            return refuse(
+                &["pirate.min_ibg_gaps"],
+                "pirate.min_ibg_gaps = 0: must be at least 1 (1 is the paper's rule)".to_string(),
+            );
         }
         for (key, v) in [
             ("min_mode_share", p.min_mode_share),
@@ -203,7 +241,7 @@ impl Config {
             ("straggler_share", p.straggler_share),
         ] {
             if !(0.0..1.0).contains(&v) {
-                bail!("pirate.{key} = {v}: must be in [0, 1)");
+                return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {v}: must be in [0, 1)"));
             }
         }
         Ok(())
@@ -285,6 +323,44 @@ impl Config {
             rules: self.break_rules(),
         }
     }
+}
+
+/// A value `validate` refuses, with the keys (`section.name`) it is about.
+#[derive(Debug)]
+pub struct Invalid {
+    pub keys: Vec<String>,
+    message: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+fn refuse(keys: &[&str], message: String) -> anyhow::Result<()> {
+    Err(Invalid { keys: keys.iter().map(|k| k.to_string()).collect(), message }.into())
+}
+
+/// The line (from 1) of `text` that sets `key` (`section.name`, or `name` at the top), if one does.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
+    let mut current = "";
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            current = header.trim();
+            continue;
+        }
+        let Some((lhs, _)) = line.split_once('=') else { continue };
+        let lhs = lhs.trim();
+        if (current == section && lhs == name) || (current.is_empty() && lhs == key) {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
 /// Beyond this many ε a span cap hardly differs from none.
@@ -414,6 +490,25 @@ mod tests {
         assert!(format!("{err:#}").contains("pirate.modes = 17"), "{err:#}");
         let err = Config::parse("epoch = \"fast\"\n").unwrap_err();
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+
+    /// A value out of its range names the line of its key, or of the other key of a pair when
+    /// only that one is in the file; and the δ it conflicts with is named as configured.
+    #[test]
+    fn range_errors_name_the_line_of_their_key() {
+        let err = |text: &str| format!("{:#}", Config::parse(text).unwrap_err());
+        let e = err("epoch = \"1s\"\n[pirate]\nepsilon = \"100us\"\nmodes = 40\n");
+        assert!(e.starts_with("line 4: pirate.modes = 40"), "{e}");
+        assert!(err("max_flows = 0\n").starts_with("line 1: max_flows = 0"));
+        assert!(err("pirate.modes = 0\n").starts_with("line 1: pirate.modes = 0"));
+        let e = err("[metrics]\nlisten = \"127.0.0.1:1\"\n[pirate]\ndelta = \"300ms\"\n");
+        assert!(e.starts_with("line 4: pirate.idle_floor (200ms) must be above pirate.delta (300ms)"), "{e}");
+        assert!(!e.contains("auto"), "a fixed delta is not \"auto\": {e}");
+        let e = err("[pirate]\nidle_floor = \"400us\"\n");
+        assert!(e.starts_with("line 2:") && e.contains("(500us in a flow's first epoch with \"auto\")"), "{e}");
+        // Not in the file: the default is at fault, and no line is named.
+        let e = format!("{:#}", Config { max_flows: 0, ..Config::default() }.validate().unwrap_err());
+        assert!(e.starts_with("max_flows = 0"), "{e}");
     }
 
     #[test]

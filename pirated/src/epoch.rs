@@ -96,8 +96,7 @@ pub async fn run(
             }
         };
         let started = Instant::now();
-        let mut data = live.close_epoch()?;
-        let kernel = data.kernel.take().expect("the live source reports the kernel's figures");
+        let (data, kernel) = live.close_epoch()?;
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }

@@ -29,8 +29,9 @@ impl Live {
         self.records.discard().map(drop)
     }
 
-    /// Moves the datapath on to the next epoch and reads the one it closed.
-    pub fn close_epoch(&mut self) -> anyhow::Result<EpochData> {
+    /// Moves the datapath on to the next epoch and reads the one it closed, with what the
+    /// datapath counted.
+    pub fn close_epoch(&mut self) -> anyhow::Result<(EpochData, Kernel)> {
         let closed = self.epoch;
         self.epoch = closed.wrapping_add(1);
         self.dp.set_epoch(self.epoch)?;
@@ -38,6 +39,6 @@ impl Live {
         let counters = self.dp.counters()?;
         let drained = self.records.drain(&self.dp, closed)?;
         let kernel = Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent };
-        Ok(EpochData { epoch: closed, flows: drained.flows, kernel: Some(kernel) })
+        Ok((EpochData { epoch: closed, flows: drained.flows }, kernel))
     }
 }

@@ -13,8 +13,6 @@ pub struct EpochData {
     pub epoch: u32,
     /// `pirate`: the flows with packets in the epoch.
     pub flows: Vec<FlowEpoch>,
-    /// What the live datapath counted (none in replay).
-    pub kernel: Option<Kernel>,
 }
 
 /// The live datapath's own figures at the end of an epoch.

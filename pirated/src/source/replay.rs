@@ -39,7 +39,6 @@ fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)
             .filter(|(_, st)| st.epoch == closed && st.packets > 0)
             .map(|(k, st)| FlowEpoch::from_state(*k, st))
             .collect(),
-        kernel: None,
     };
     let mut pkt = PacketCtx::default();
     for (ts, frame) in packets {

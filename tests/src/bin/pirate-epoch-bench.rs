@@ -133,7 +133,7 @@ fn main() -> Result<()> {
         let kernel = Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent };
         let flows = drained.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config, false).run(EpochData { epoch: EPOCH, flows, kernel: None });
+        let report = Pipeline::new(&config, false).run(EpochData { epoch: EPOCH, flows });
         let estimate = ms(started);
         let started = Instant::now();
         Metrics::new().publish(&report, &kernel);
@@ -142,7 +142,7 @@ fn main() -> Result<()> {
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(&dp, EPOCH)?.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows, kernel: None });
+        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows });
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;

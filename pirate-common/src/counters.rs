@@ -32,8 +32,11 @@ pub const EVENT_NO_TAIL_CALL: u32 = 11;
 /// Event: a flow-table entry was inserted (the first packet the table saw of the flow, pure
 /// ACKs included); pirated never deletes entries, so those inserted but gone were evicted.
 pub const EVENT_FLOW_INSERTED: u32 = 12;
+/// Event: a flow's epoch could not be rolled over (`pirate_epoch` missing from `PIRATE_EPOCH`):
+/// its packet went into the epoch the flow held.
+pub const EVENT_NO_EPOCH_PROGRAM: u32 = 13;
 
-pub const COUNT: u32 = 13;
+pub const COUNT: u32 = 14;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -50,6 +53,7 @@ pub const NAMES: [&str; COUNT as usize] = [
     "record_sent",
     "no_tail_call",
     "flow_inserted",
+    "no_epoch_program",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

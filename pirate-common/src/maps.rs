@@ -4,7 +4,7 @@
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -23,7 +23,11 @@ pub const FORWARD: &str = "FORWARD";
 pub const FLOWS: &str = "FLOWS";
 pub const FLOWS_WIDE: &str = "FLOWS_WIDE";
 pub const BLANK: &str = "BLANK";
+/// `pirate`'s epoch roll-over program for the layout in use (one slot): it runs once per flow
+/// and epoch, apart so that each program has its own verifier budget.
+pub const PIRATE_EPOCH: &str = "PIRATE_EPOCH";
 /// `pirate`'s hand-over ring buffer of finished flow epochs.
 pub const RECORDS: &str = "RECORDS";
 
-pub const ALL: [&str; 10] = [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, BLANK, RECORDS];
+pub const ALL: [&str; 11] =
+    [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, BLANK, PIRATE_EPOCH, RECORDS];

@@ -1,34 +1,113 @@
 //! Alg. 2 (mode maintenance) against its invariants, on arbitrary gap streams.
 
-use pirate_common::pirate::modes::{Epsilon, Modes, Placed, SUM_SHIFT};
+use pirate_common::pirate::{
+    grid,
+    modes::{Epsilon, Modes, Placed},
+};
 use proptest::prelude::*;
+
+/// The grid value a gap's mode bounds take (values below 4096 ns are exact).
+fn on_grid(g: u32) -> u32 {
+    grid::decode(grid::encode(g))
+}
+
+/// Half the grid's step at `v` (≤ [`grid::MAX`]): the furthest a gap lies from its grid value.
+fn half_step(v: u32) -> u32 {
+    if v < 4096 {
+        0
+    } else {
+        // [2^k, 2^(k+1)) has a step of 2^(k − 11).
+        1 << (31 - v.leading_zeros() - 12)
+    }
+}
+
+/// Mode `i`'s mean in ns, at the precision it is kept at.
+fn mean(m: &Modes<16>, i: usize) -> f64 {
+    m.mean_q16(i) as f64 / 65536.0
+}
+
+/// How far mode `i`'s mean may lie from the true mean of its gaps, whatever the order they came
+/// in and the merges they went through. The mean is kept to res = (hi − lo + 1)/65536 ns and
+/// rounded to it with a dither, so it drifts with σ ≤ res·√(n/12) over n gaps (merges weigh the
+/// drifts of the two modes by their counts); 7σ are allowed. Kept within [lo, hi + 1 − res],
+/// it is clamped where the exact gaps lie below lo or above hi (each at most half a grid step
+/// from its grid value): up to half a step at hi, plus res. Fixed point truncates by less than
+/// 2^-16 ns per gap and 2^-7 ns per merge (fewer than n).
+fn mean_tolerance(m: &Modes<16>, i: usize) -> f64 {
+    let (lo, hi) = m.bounds(i);
+    let res = (hi - lo + 1) as f64 / 65536.0;
+    let n = m.count[i] as f64;
+    7.0 * res * (n / 12.0).sqrt() + half_step(hi) as f64 + res + n / 128.0
+}
 
 fn check_invariants<const M: usize>(m: &Modes<M>, eps: Epsilon, max_modes: u32) {
     let len = m.len as usize;
     assert!(len <= max_modes as usize && len <= M);
+    assert_eq!(m.used(), len);
     for i in 0..len {
-        assert!(m.min[i] <= m.max[i], "mode {i}: min > max");
+        let (lo, hi) = m.bounds(i);
+        assert!(lo <= hi, "mode {i}: lo > hi");
         assert!(m.count[i] > 0 && m.candidates[i] <= m.count[i]);
-        // The sum lies between count·min and count·max, up to the ±8 ns rounding per gap.
-        let sum = m.sum_ns(i) as f64;
-        let slack = m.count[i] as f64 * (1u64 << (SUM_SHIFT - 1)) as f64;
-        assert!(sum + slack >= m.count[i] as f64 * m.min[i] as f64, "mode {i}: sum below count·min");
-        assert!(sum - slack <= m.count[i] as f64 * m.max[i] as f64, "mode {i}: sum above count·max");
+        // The mean lies within the mode: [lo, hi + 1) at the precision it is kept at.
+        let q16 = m.mean_q16(i);
+        assert!(q16 >= (lo as u64) << 16 && q16 < (hi as u64 + 1) << 16, "mode {i}: mean {q16} off [{lo}, {hi}]");
+        let mean = m.mean_ns(i);
+        assert!(lo as u64 <= mean && mean <= hi as u64 + 1, "mode {i}: mean {mean} off [{lo}, {hi}]");
     }
     for i in 1..len {
         // Ascending and more than ε apart, or too wide together for the span cap: otherwise
         // they would have been merged.
-        let gap = m.min[i].checked_sub(m.max[i - 1]).expect("modes out of order");
+        let ((prev_lo, prev_hi), (lo, hi)) = (m.bounds(i - 1), m.bounds(i));
+        let gap = lo.checked_sub(prev_hi).expect("modes out of order");
         assert!(gap > 0, "modes {} and {i} overlap", i - 1);
         assert!(
-            gap > eps.at(m.max[i - 1]) || !eps.spans(m.min[i - 1], m.max[i]),
+            gap > eps.at(prev_hi) || !eps.spans(prev_lo, hi),
             "modes {} and {i} lie within ε and would fit one span",
             i - 1
         );
     }
     for i in len..M {
-        assert_eq!((m.min[i], m.max[i], m.count[i], m.sum[i]), (0, 0, 0, 0), "slot {i} beyond len is not clear");
+        assert_eq!(
+            (m.lo[i], m.hi[i], m.count[i], m.candidates[i], m.mean[i]),
+            (0, 0, 0, 0, 0),
+            "slot {i} beyond len is not clear"
+        );
     }
+}
+
+/// Every gap the modes counted lies in exactly one mode, the one whose bounds hold its grid value
+/// (bounds only widen and modes never overlap); each mode's count, candidates and mean are those
+/// of the gaps it so holds.
+fn check_contents(m: &Modes<16>, counted: &[(u32, bool)]) -> Result<(), TestCaseError> {
+    let len = m.len as usize;
+    let mut held = vec![(0u64, 0u64, 0u64); len];
+    for &(g, cand) in counted {
+        let at = on_grid(g);
+        let holding: Vec<usize> = (0..len)
+            .filter(|&i| {
+                let (lo, hi) = m.bounds(i);
+                lo <= at && at <= hi
+            })
+            .collect();
+        prop_assert_eq!(holding.len(), 1, "gap {} (grid {}) in modes {:?} of {:?}", g, at, holding, m);
+        let h = &mut held[holding[0]];
+        *h = (h.0 + 1, h.1 + cand as u64, h.2 + g as u64);
+    }
+    for (i, &(count, cands, sum)) in held.iter().enumerate() {
+        prop_assert_eq!((m.count[i] as u64, m.candidates[i] as u64), (count, cands), "mode {}", i);
+        let want = sum as f64 / count as f64;
+        let tol = mean_tolerance(m, i);
+        prop_assert!(
+            (mean(m, i) - want).abs() <= tol,
+            "mode {} of {:?}: mean {}, its gaps' {}, tolerance {}",
+            i,
+            m,
+            mean(m, i),
+            want,
+            tol
+        );
+    }
+    Ok(())
 }
 
 proptest! {
@@ -45,32 +124,38 @@ proptest! {
     ) {
         let eps = Epsilon { abs_ns: abs, rel_q20, span };
         let mut m = Modes::<16>::new();
-        let mut counted = 0u64;
+        let mut counted = Vec::new();
         for &(g, cand) in &gaps {
             if m.insert(g, cand, eps, max_modes) != Placed::Discarded {
-                counted += 1;
+                counted.push((g, cand));
             } else {
                 // Discarded only as Alg. 2 discards: a gap near no mode of a full table, which
-                // with a span cap only a single mode can be.
+                // with a span cap only a single mode can be. Closeness is judged at the gap's
+                // grid value, as the bounds are.
                 let len = m.len as usize;
                 prop_assert_eq!(len, max_modes as usize);
                 prop_assert!(span == 0 || len < 2, "a capped table of {} discarded", len);
-                let near = |i: usize| match g {
-                    g if g < m.min[i] => eps.close(g, m.min[i]),
-                    g if g > m.max[i] => eps.close(m.max[i], g),
-                    _ => true,
+                let at = on_grid(g);
+                let near = |i: usize| {
+                    let (lo, hi) = m.bounds(i);
+                    match at {
+                        at if at < lo => eps.close(at, lo),
+                        at if at > hi => eps.close(hi, at),
+                        _ => true,
+                    }
                 };
                 prop_assert!(!(0..len).any(near), "{} near a mode of {:?}", g, m);
             }
             check_invariants(&m, eps, max_modes);
         }
+        check_contents(&m, &counted)?;
         let total: u64 = (0..m.len as usize).map(|i| m.count[i] as u64).sum();
-        prop_assert_eq!(total, counted);
+        prop_assert_eq!(total, counted.len() as u64);
         prop_assert_eq!(total + m.discarded as u64, gaps.len() as u64);
     }
 
     /// With room for every distinct cluster, no gap is discarded and every gap is in the mode
-    /// whose range holds it.
+    /// whose range holds it (its grid value).
     #[test]
     fn gaps_land_in_the_mode_that_spans_them(
         gaps in prop::collection::vec(0u32..1_000_000, 1..200),
@@ -84,7 +169,13 @@ proptest! {
             m.insert(g, false, eps, 16);
         }
         for &g in &gaps {
-            let holding = (0..m.len as usize).filter(|&i| m.min[i] <= g && g <= m.max[i]).count();
+            let at = on_grid(g);
+            let holding = (0..m.len as usize)
+                .filter(|&i| {
+                    let (lo, hi) = m.bounds(i);
+                    lo <= at && at <= hi
+                })
+                .count();
             // A discarded gap may lie in no mode; a counted one lies in exactly one.
             prop_assert!(holding <= 1);
             if m.discarded == 0 {
@@ -97,8 +188,13 @@ proptest! {
 const E10: Epsilon = Epsilon::fixed(10);
 
 /// The modes as (min, max, count).
-fn listed(m: &Modes<10>) -> Vec<(u32, u32, u32)> {
-    (0..m.len as usize).map(|i| (m.min[i], m.max[i], m.count[i])).collect()
+fn listed(m: &Modes<10>) -> Vec<(u32, u32, u16)> {
+    (0..m.len as usize)
+        .map(|i| {
+            let (lo, hi) = m.bounds(i);
+            (lo, hi, m.count[i])
+        })
+        .collect()
 }
 
 /// ε = 10 ns, a mode at most one ε wide.
@@ -120,9 +216,40 @@ fn merges_bridge_two_modes() {
     // 109 widens the first mode to within ε of the second, and the two merge.
     assert_eq!(m.insert(109, true, E10, 10), Placed::Joined);
     assert_eq!(m.len, 1);
-    assert_eq!((m.min[0], m.max[0], m.count[0], m.candidates[0]), (100, 118, 3, 1));
-    // Each gap rounded to 16 ns: 100 → 96, 118 → 112, 109 → 112.
-    assert_eq!(m.sum_ns(0), 96 + 112 + 112);
+    assert_eq!((m.bounds(0), m.count[0], m.candidates[0]), ((100, 118), 3, 1));
+    // The mean of 100, 118 and 109: rounded to 10/65536 ns on insertion, to 19/65536 ns on the
+    // merge, which weighs the two means at 2^-8 ns (truncating both the means and the quotient).
+    let mean = m.mean_q16(0) as f64 / 65536.0;
+    assert!((mean - 109.0).abs() <= (10.0 + 19.0) / 65536.0 + 2.0 / 256.0, "mean {mean}");
+    assert_eq!(m.mean_ns(0), 109);
+}
+
+#[test]
+fn bounds_lie_on_the_grid_and_the_mean_follows_the_exact_gaps() {
+    // Above 4096 ns the grid's step at 1 ms is 256 ns: 1_000_000 lies 64 ns above its grid
+    // value, 1_000_200 and 1_000_300 on the next one.
+    let (a, b, c) = (1_000_000u32, 1_000_200, 1_000_300);
+    assert_eq!((on_grid(a), on_grid(b), on_grid(c)), (999_936, 1_000_192, 1_000_192));
+    let eps = Epsilon::fixed(1_000);
+    let mut m = Modes::<10>::new();
+    assert_eq!(m.insert(a, false, eps, 10), Placed::Opened);
+    // A mode of one gap has the width of one grid value: its mean is that value.
+    assert_eq!((m.bounds(0), m.mean_ns(0)), ((999_936, 999_936), 999_936));
+    // b widens it to the next grid value; c, the same grid value, leaves the bounds as they are.
+    assert_eq!(m.insert(b, false, eps, 10), Placed::Joined);
+    assert_eq!(m.insert(c, false, eps, 10), Placed::Joined);
+    assert_eq!((m.bounds(0), m.count[0]), ((999_936, 1_000_192), 3));
+    // The mean is the exact gaps', but for the 64 ns the first one's mean lost (weighing 1/3 by
+    // now), to within the mean's precision, 257/65536 ns per rounding.
+    let want = (a + b + c) as f64 / 3.0;
+    let mean = m.mean_q16(0) as f64 / 65536.0;
+    assert!((mean - want).abs() <= 64.0 / 3.0 + 2.0 * 257.0 / 65536.0, "mean {mean}, gaps {want}");
+    // Gaps on one grid value keep a mean between it and the next nanosecond: it cannot follow
+    // them further than the bounds hold.
+    let mut m = Modes::<10>::new();
+    (0..5).for_each(|_| _ = m.insert(a, false, eps, 10));
+    assert_eq!((m.bounds(0), m.count[0]), ((999_936, 999_936), 5));
+    assert!((999_936..=999_937).contains(&m.mean_ns(0)), "mean {}", m.mean_ns(0));
 }
 
 #[test]
@@ -139,7 +266,7 @@ fn full_histogram_discards() {
     for g in [5000, 1000, 3000] {
         m.insert(g, false, E10, 10);
     }
-    assert_eq!(&m.min[..3], &[1000, 3000, 5000]);
+    assert_eq!(listed(&m), vec![(1000, 1000, 1), (3000, 3000, 1), (5000, 5000, 1)]);
 }
 
 #[test]
@@ -151,8 +278,10 @@ fn relative_epsilon_scales_with_the_gap() {
         m.insert(g, false, eps, 10);
     }
     assert_eq!(m.len, 3);
-    assert_eq!((m.min[2], m.max[2], m.count[2]), (10_000_000, 10_400_000, 2));
-    assert_eq!((m.min[0], m.max[0], m.count[0]), (100_000, 104_000, 2));
+    // The 10 ms bounds lie on the grid (a step of 4096 ns there); 100 µs and 104 µs are grid
+    // values (multiples of its 32 ns step).
+    assert_eq!(listed(&m)[2], (on_grid(10_000_000), on_grid(10_400_000), 2));
+    assert_eq!(listed(&m)[0], (100_000, 104_000, 2));
 }
 
 #[test]
@@ -169,13 +298,17 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
     // Uncapped, Alg. 2 chains them.
     let mut alg2 = Modes::<10>::new();
     (100..=160).step_by(5).for_each(|g| _ = alg2.insert(g, false, E10, 10));
-    assert_eq!((alg2.len, alg2.min[0], alg2.max[0]), (1, 100, 160));
+    assert_eq!((alg2.len, alg2.bounds(0)), (1, (100, 160)));
     // Full (3 modes): a far gap gets a mode of its own, and the neighbours whose union is
     // narrowest for the gaps it holds merge.
     assert_eq!(m.insert(1_000, false, eps, 3), Placed::Opened);
     let modes = listed(&m);
     assert_eq!(modes, vec![(100, 120, 5), (125, 160, 8), (1_000, 1_000, 1)]);
     assert_eq!(m.discarded, 0);
+    // The merged mode's mean is that of its eight gaps, 125 … 160 ns: 142.5, to within a
+    // rounding to at most 36/65536 ns per insertion and on the merge, and the merge's 2^-7 ns.
+    let mean = m.mean_q16(1) as f64 / 65536.0;
+    assert!((mean - 142.5).abs() <= 9.0 * 36.0 / 65536.0 + 2.0 / 256.0, "mean {mean}");
 }
 
 #[test]
@@ -213,6 +346,6 @@ fn one_mode_widens_as_alg2_does() {
     let eps = Epsilon { span: 2, ..E10 };
     let mut one = Modes::<10>::new();
     [100, 110, 120, 130].into_iter().for_each(|g| _ = one.insert(g, false, eps, 1));
-    assert_eq!((one.len, one.min[0], one.max[0], one.count[0], one.discarded), (1, 100, 130, 4, 0));
+    assert_eq!((one.len, one.bounds(0), one.count[0], one.discarded), (1, (100, 130), 4, 0));
     assert_eq!(one.insert(200, false, eps, 1), Placed::Discarded);
 }

@@ -44,6 +44,9 @@ pub static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::
 const _: () = assert!(size_of::<FlowState<MODES_COMPACT>>() <= size_of::<FlowState<MODES_WIDE>>());
 #[map]
 pub static BLANK: PerCpuArray<FlowState<MODES_WIDE>> = PerCpuArray::with_max_entries(1, 0);
+/// `pirate_epoch` or `pirate_epoch_wide`, whichever matches the layout in use.
+#[map]
+pub static PIRATE_EPOCH: ProgramArray = ProgramArray::pinned(1, 0);
 /// Finished epochs of flows that saw a packet after the epoch changed.
 #[map]
 pub static RECORDS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);

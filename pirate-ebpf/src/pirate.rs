@@ -1,6 +1,9 @@
 //! `pirate`, the `CHAIN_PIRATE` capability: feeds each parsed packet to its flow's Pirate state
 //! (Alg. 1 and 2, `pirate_common::pirate::tracker`) and hands finished epochs to pirated. One program
-//! per flow-state layout; pirated chains the one it configured.
+//! per flow-state layout; pirated chains the one it configured. The first packet of a flow in a
+//! new epoch takes a detour through `pirate_epoch` (in `PIRATE_EPOCH`), which hands the finished
+//! epoch over, starts the new one and re-enters `pirate`: the roll-over and the per-packet step
+//! each get a verifier budget of their own.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::xdp, maps::LruHashMap, programs::XdpContext};
 use pirate_common::{
@@ -9,29 +12,41 @@ use pirate_common::{
     key::FlowKey,
     pirate::{
         flow::{EpochRecord, FlowState},
-        tracker::{step, Step},
+        tracker::{packet, roll_epoch, Step},
     },
 };
 
 use crate::{
     chain,
-    maps::{count, BLANK, CONFIG, CTX, EPOCH, FLOWS, FLOWS_WIDE, RECORDS},
+    maps::{count, BLANK, CONFIG, CTX, EPOCH, FLOWS, FLOWS_WIDE, PIRATE_EPOCH, RECORDS},
 };
 
 #[xdp]
 pub fn pirate(ctx: XdpContext) -> u32 {
-    measure(&FLOWS);
+    measure(&ctx, &FLOWS);
     chain::from(&ctx, CHAIN_PIRATE + 1)
 }
 
 #[xdp]
 pub fn pirate_wide(ctx: XdpContext) -> u32 {
-    measure(&FLOWS_WIDE);
+    measure(&ctx, &FLOWS_WIDE);
     chain::from(&ctx, CHAIN_PIRATE + 1)
 }
 
+#[xdp]
+pub fn pirate_epoch(ctx: XdpContext) -> u32 {
+    roll(&FLOWS);
+    chain::from(&ctx, CHAIN_PIRATE)
+}
+
+#[xdp]
+pub fn pirate_epoch_wide(ctx: XdpContext) -> u32 {
+    roll(&FLOWS_WIDE);
+    chain::from(&ctx, CHAIN_PIRATE)
+}
+
 #[inline(always)]
-fn measure<const M: usize>(flows: &LruHashMap<FlowKey, FlowState<M>>) {
+fn measure<const M: usize>(ctx: &XdpContext, flows: &LruHashMap<FlowKey, FlowState<M>>) {
     let Some(pkt) = CTX.get(0) else { return };
     let Some(params) = CONFIG.get(0) else { return };
     let epoch = EPOCH.get(0).copied().unwrap_or(0);
@@ -44,13 +59,30 @@ fn measure<const M: usize>(flows: &LruHashMap<FlowKey, FlowState<M>>) {
     };
     // SAFETY: a live map value; the flow's packets are processed on one CPU at a time.
     let st = unsafe { &mut *st };
-    count(match step(st, epoch, pkt, params, |finished| hand_over(&pkt.key, finished)) {
+    if st.epoch != epoch {
+        // SAFETY: returns only if the slot is empty or the call fails.
+        unsafe { PIRATE_EPOCH.tail_call(ctx, 0) };
+        count(counters::EVENT_NO_EPOCH_PROGRAM);
+    }
+    count(match packet(st, pkt, params) {
         Step::SkippedPureAck => counters::PURE_ACK,
         Step::SkippedRetransmission => counters::RETRANSMISSION,
         Step::First => counters::NEW_FLOW,
         Step::Gap { .. } => counters::MEASURED,
         Step::Idle { .. } => counters::IDLE,
     });
+}
+
+/// Rolls the packet's flow over to the current epoch (`pirate_epoch`).
+#[inline(always)]
+fn roll<const M: usize>(flows: &LruHashMap<FlowKey, FlowState<M>>) {
+    let Some(pkt) = CTX.get(0) else { return };
+    let Some(params) = CONFIG.get(0) else { return };
+    let epoch = EPOCH.get(0).copied().unwrap_or(0);
+    if let Some(st) = flows.get_ptr_mut(&pkt.key) {
+        // SAFETY: as in `measure`.
+        roll_epoch(unsafe { &mut *st }, epoch, params, |finished| hand_over(&pkt.key, finished));
+    }
 }
 
 #[inline(always)]

@@ -147,6 +147,46 @@ fn an_empty_capability_slot_is_skipped_and_a_filled_one_taken() -> Result<()> {
     Ok(())
 }
 
+/// The first packet of a flow in a new epoch takes the detour through `pirate_epoch` (which
+/// hands the finished epoch over and re-enters `pirate`): it is measured once, no roll-over
+/// fails, and the finished epoch reaches the hand-over ring.
+#[test]
+fn a_new_epoch_rolls_each_flow_over_once() -> Result<()> {
+    let mut dp = Datapath::load(&Config::default())?;
+    let udp = frame(0, false, false, &[9; 24], 32);
+    let mut records = pirated::pirate::drain::Records::take(&mut dp)?;
+    let epoch = dp.epoch();
+    let before = dp.counters()?;
+    for e in [epoch, epoch, epoch + 1, epoch + 1] {
+        dp.set_epoch(e)?;
+        passes_unchanged(dp.root_fd()?, &udp).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let after = dp.counters()?;
+    let d: [u64; counters::COUNT as usize] = std::array::from_fn(|i| after[i] - before[i]);
+    ensure!(d[counters::NEW_FLOW as usize] == 1 && outcomes(&d) == 4, "{d:?}");
+    ensure!(d[counters::EVENT_NO_EPOCH_PROGRAM as usize] == 0, "a roll-over failed: {d:?}");
+    ensure!(d[counters::EVENT_RECORD_SENT as usize] == 1, "{d:?}");
+    let drained = records.drain(&dp, epoch)?;
+    ensure!(drained.flows.len() == 1, "{} flows drained for epoch {epoch}", drained.flows.len());
+    ensure!(drained.flows[0].packets == 2, "{:?}", drained.flows[0]);
+    Ok(())
+}
+
+/// Every mode count the configuration accepts has a layout whose programs the kernel's
+/// verifier accepts: one past its budget would fail only when a user picked it.
+#[test]
+fn every_accepted_mode_count_loads() -> Result<()> {
+    for modes in [1, pirate_common::pirate::config::MODES_COMPACT as u32, pirated::config::MAX_MODES] {
+        let mut config = Config::default();
+        config.pirate.modes = modes;
+        let dp = Datapath::load(&config).with_context(|| format!("modes = {modes}"))?;
+        for (program, walked) in dp.verified_instructions()? {
+            eprintln!("modes = {modes}: {program} walked {walked:?} instructions");
+        }
+    }
+    Ok(())
+}
+
 /// Katran's default `rootMapPos`.
 const KATRAN_SLOT: u32 = 2;
 const VIP_PORT: u16 = 8080;

@@ -252,7 +252,7 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
     let found = pins(&root.path, tb.vp.name())?;
     // Every map but the per-CPU blank state and the hand-over ring, the layout marker and the
     // link on the interface.
-    let maps = ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD"];
+    let maps = ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD", "PIRATE_EPOCH"];
     let (listed, rest) = found.split_at(maps.len().min(found.len()));
     ensure!(listed == maps, "pins: {found:?}");
     ensure!(rest.len() == 2 && rest[0].starts_with("layout-v"), "pins: {found:?}");

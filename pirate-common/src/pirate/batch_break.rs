@@ -50,13 +50,9 @@ pub trait ModeView {
     /// How many modes there are.
     fn modes(&self) -> usize;
     fn count(&self, i: usize) -> u64;
-    fn sum_ns(&self, i: usize) -> u64;
+    fn mean_ns(&self, i: usize) -> u64;
     fn min_ns(&self, i: usize) -> u64;
     fn max_ns(&self, i: usize) -> u64;
-
-    fn mean_ns(&self, i: usize) -> u64 {
-        self.sum_ns(i).checked_div(self.count(i)).unwrap_or(0)
-    }
 }
 
 impl<const M: usize> ModeView for Modes<M> {
@@ -64,30 +60,20 @@ impl<const M: usize> ModeView for Modes<M> {
         self.used()
     }
     fn count(&self, i: usize) -> u64 {
-        slot(&self.count, i)
-    }
-    fn sum_ns(&self, i: usize) -> u64 {
         if i < M {
-            Modes::sum_ns(self, i)
+            self.count[i] as u64
         } else {
             0
         }
     }
+    fn mean_ns(&self, i: usize) -> u64 {
+        Modes::mean_ns(self, i)
+    }
     fn min_ns(&self, i: usize) -> u64 {
-        slot(&self.min, i)
+        self.bounds(i).0 as u64
     }
     fn max_ns(&self, i: usize) -> u64 {
-        slot(&self.max, i)
-    }
-}
-
-/// Slot `i` of a mode array, 0 beyond it (a bound the verifier sees).
-#[inline(always)]
-fn slot<const M: usize>(a: &[u32; M], i: usize) -> u64 {
-    if i < M {
-        a[i] as u64
-    } else {
-        0
+        self.bounds(i).1 as u64
     }
 }
 
@@ -130,8 +116,11 @@ pub struct Break {
 /// so that the verifier's state pruning keeps the datapath's copy small; `LIMIT` (≥ the number
 /// of modes) bounds the loop.
 pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: &BreakRules) -> Option<Break> {
-    // The lower side: the last significant mode that is not a straggler (mean u64::MAX: none).
-    let mut lower_mean = u64::MAX;
+    // The lower side: the last significant mode that is not a straggler, if any. A flag, not a
+    // sentinel mean: comparing a mean with a constant it can never reach lets the verifier
+    // decide the branch, which marks the mean precise and stops it pruning states that differ
+    // in it.
+    let (mut lower_mean, mut has_lower) = (0u64, false);
     // The longest gap of the mode before this one.
     let mut prev_max = 0u64;
     // The highest break between significant modes, and one between the last significant mode
@@ -143,11 +132,15 @@ pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: 
             break;
         }
         let count = v.count(i);
-        let significant = r.significant(count, total);
+        // Judged once and kept: LLVM would otherwise compare again where it is used, and the
+        // verifier, finding the repeat decided, marks the counts precise and stops pruning
+        // states that differ in them (its walk of this loop grows several times over).
+        let significant = core::hint::black_box(r.significant(count, total));
         if significant || after_significant {
             let mean = v.mean_ns(i);
-            let qualifies =
-                lower_mean <= r.intra_batch_max_ns as u64 && (mean << 10) >= r.min_ratio_q10 as u64 * lower_mean;
+            let qualifies = has_lower
+                && lower_mean <= r.intra_batch_max_ns as u64
+                && (mean << 10) >= r.min_ratio_q10 as u64 * lower_mean;
             // Stragglers below the upper side fall on the lower side.
             let here = Break { lower_max_ns: prev_max, upper_min_ns: v.min_ns(i) };
             if significant {
@@ -155,8 +148,9 @@ pub fn find<V: ModeView, const LIMIT: usize>(v: &V, kept: usize, total: u64, r: 
                     found = Some(here);
                 }
                 above_top = None;
-                if qualifies || lower_mean == u64::MAX || !r.straggler(count, total) {
+                if qualifies || !has_lower || !r.straggler(count, total) {
                     lower_mean = mean;
+                    has_lower = true;
                 }
             } else if qualifies && (v.min_ns(i) << 10) >= r.min_ratio_q10 as u64 * prev_max {
                 above_top = Some(here);
@@ -189,8 +183,8 @@ mod tests {
         fn count(&self, i: usize) -> u64 {
             self.0[i].3
         }
-        fn sum_ns(&self, i: usize) -> u64 {
-            self.0[i].2 * 1000 * self.0[i].3
+        fn mean_ns(&self, i: usize) -> u64 {
+            self.0[i].2 * 1000
         }
         fn min_ns(&self, i: usize) -> u64 {
             self.0[i].0 * 1000

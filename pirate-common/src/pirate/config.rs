@@ -25,8 +25,9 @@ pub const MAX_GAP_NS: u64 = u32::MAX as u64;
 
 /// Modes a flow state can hold in the compact layout (the default N = 10 fits).
 pub const MODES_COMPACT: usize = 10;
-/// Modes a flow state can hold in the wide layout (N up to 16).
-pub const MODES_WIDE: usize = 16;
+/// Modes a flow state can hold in the wide layout (N up to 12: the verifier's walk of the
+/// per-packet step grows steeply with N, and at 12 it is near its limit).
+pub const MODES_WIDE: usize = 12;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

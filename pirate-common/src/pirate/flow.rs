@@ -8,23 +8,63 @@ use super::{
 };
 use crate::key::FlowKey;
 
-/// `FlowState::status` bits.
+/// `FlowState::status` bits. The first three are the flow's, the last two its epoch's.
+/// A packet has entered the gap stream (0 is a valid timestamp in replay).
 pub const STARTED: u8 = 1;
+/// `last_ack` holds an acknowledgement number (any value, 0 included).
 pub const ACK_SEEN: u8 = 2;
+/// `high_seq` holds a sequence number.
 pub const SEQ_SEEN: u8 = 4;
+/// The last packet in the gap stream was shorter than full size.
+pub const PREV_SHORT: u8 = 8;
+/// A packet of `epoch` entered the gap stream.
+pub const ACTIVE: u8 = 16;
+/// A packet of `epoch` entered the gap stream with no gap before it (the flow's first, or one
+/// earlier than the last).
+pub const RESTARTED: u8 = 32;
 
-/// Per-flow state. Timestamps are the datapath's monotonic clock (`bpf_ktime_get_ns`, or the
-/// capture's clock in replay). The continuity fields survive an epoch change; the measurement
-/// fields (`modes`, counters) belong to `epoch` and are handed over and reset when it ends.
+/// A `u64` timestamp as two 32-bit halves: 4-byte aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nanos {
+    lo: u32,
+    hi: u32,
+}
+
+impl Nanos {
+    pub const ZERO: Nanos = Nanos { lo: 0, hi: 0 };
+
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        ((self.hi as u64) << 32) | self.lo as u64
+    }
+
+    #[inline(always)]
+    pub fn set(&mut self, ns: u64) {
+        self.lo = ns as u32;
+        self.hi = (ns >> 32) as u32;
+    }
+}
+
+/// Alg. 1's sample sum is kept in units of 2^SUM_SHIFT ns (rounded) so that a `u32` holds 68 s:
+/// an epoch (≤ 60 s) plus one batch below the idle floor. ±8 ns per sample, zero-mean.
+pub const SUM_SHIFT: u32 = 4;
+
+/// Per-flow state, 144 bytes with 10 modes. Timestamps are the datapath's monotonic clock
+/// (`bpf_ktime_get_ns`, or the capture's clock in replay). The continuity fields survive an
+/// epoch change; the measurement fields (`modes`, counters) belong to `epoch` and are handed
+/// over and reset when it ends. Counters saturate. 4-byte aligned (see [`Nanos`]) so that no
+/// padding follows the modes of either layout.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowState<const M: usize> {
     /// Arrival of the last packet in the gap stream (valid once `STARTED`).
-    pub last_pkt_ns: u64,
-    /// Alg. 1: arrival of the first packet of the current batch.
-    pub last_batch_ns: u64,
-    /// Alg. 1 samples of this epoch below the idle floor: their sum and count.
-    pub samples_sum_ns: u64,
+    pub last_pkt: Nanos,
+    /// Alg. 1: time from the first packet of the current batch to the last packet (saturating
+    /// beyond 4.29 s, above any idle floor).
+    pub batch_age_ns: u32,
+    /// Alg. 1 samples of this epoch below the idle floor: their sum (2^SUM_SHIFT ns units).
+    pub samples_sum: u32,
     /// Adaptive δ: gaps from this long start a new batch in this epoch (0: not derived yet, the
     /// configured δ applies).
     pub batch_gap_ns: u32,
@@ -32,49 +72,66 @@ pub struct FlowState<const M: usize> {
     pub last_ack: u32,
     /// The sequence number just past the furthest data the client has sent (TCP).
     pub high_seq: u32,
-    pub samples: u32,
     /// The epoch the measurement fields belong to.
     pub epoch: u32,
-    /// Packets of this epoch that entered the gap stream.
-    pub packets: u32,
+    /// Alg. 1 samples of this epoch below the idle floor (the sum stops when this saturates).
+    pub samples: u16,
     /// Largest payload seen on the flow (full-size heuristic).
     pub max_payload: u16,
-    /// Whether the last packet in the gap stream was shorter than full size.
-    pub prev_short: u8,
-    /// `STARTED`: a packet has entered the gap stream (0 is a valid timestamp in replay);
-    /// `ACK_SEEN`: `last_ack` holds an acknowledgement number (any value, 0 included);
-    /// `SEQ_SEEN`: `high_seq` holds a sequence number.
-    pub status: u8,
     /// Gaps of this epoch at or above the idle floor, kept out of the modes.
-    pub idle_gaps: u32,
+    pub idle_gaps: u16,
+    /// The `STARTED` … `RESTARTED` bits.
+    pub status: u8,
+    pub _pad: u8,
     pub modes: Modes<M>,
 }
 
 impl<const M: usize> FlowState<M> {
     pub const fn new(epoch: u32) -> Self {
         FlowState {
-            last_pkt_ns: 0,
-            last_batch_ns: 0,
-            samples_sum_ns: 0,
+            last_pkt: Nanos::ZERO,
+            batch_age_ns: 0,
+            samples_sum: 0,
             batch_gap_ns: 0,
             last_ack: 0,
             high_seq: 0,
-            samples: 0,
             epoch,
-            packets: 0,
+            samples: 0,
             max_payload: 0,
-            prev_short: 0,
-            status: 0,
             idle_gaps: 0,
+            status: 0,
+            _pad: 0,
             modes: Modes::new(),
         }
+    }
+
+    pub fn has(&self, bit: u8) -> bool {
+        self.status & bit != 0
+    }
+
+    /// Packets of `epoch` that entered the gap stream: one per gap (in a mode, discarded or
+    /// idle) and one that started the stream, if any (exact until a count saturates).
+    pub fn packets(&self) -> u64 {
+        let m = &self.modes;
+        let counted: u64 = m.count[..m.used()].iter().map(|&c| c as u64).sum();
+        counted + m.discarded as u64 + self.idle_gaps as u64 + self.has(RESTARTED) as u64
+    }
+
+    /// Alg. 1's sample sum in ns.
+    pub fn samples_sum_ns(&self) -> u64 {
+        (self.samples_sum as u64) << SUM_SHIFT
     }
 
     /// Whether the epoch this state holds must be handed over before `epoch` starts: only the
     /// epoch that just closed, and only if it saw packets. An older one was already read from the
     /// table by pirated's drain, and an empty one carries nothing.
     pub fn hand_over_due(&self, epoch: u32) -> bool {
-        self.packets > 0 && self.epoch.wrapping_add(1) == epoch
+        self.measured(epoch.wrapping_sub(1))
+    }
+
+    /// Whether this state holds packets of `epoch`.
+    pub fn measured(&self, epoch: u32) -> bool {
+        self.epoch == epoch && self.has(ACTIVE)
     }
 
     /// Starts `epoch`: the measurement fields restart, the flow's timing continues. With
@@ -94,10 +151,10 @@ impl<const M: usize> FlowState<M> {
             }
         }
         self.epoch = epoch;
-        self.samples_sum_ns = 0;
+        self.samples_sum = 0;
         self.samples = 0;
-        self.packets = 0;
         self.idle_gaps = 0;
+        self.status &= !(ACTIVE | RESTARTED);
         self.modes.clear();
     }
 }

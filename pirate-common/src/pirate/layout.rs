@@ -1,4 +1,4 @@
-//! The two flow-state layouts (N ≤ 10 and N ≤ 16 modes): which program, table and record size
+//! The two flow-state layouts (N ≤ 10 and N ≤ 12 modes): which program, table and record size
 //! each uses, and [`with_modes!`](crate::with_modes), the one place that turns the runtime
 //! choice into the const mode capacity the state types are generic over.
 
@@ -25,7 +25,7 @@ macro_rules! with_modes {
     };
 }
 
-/// Flow-state layout: the compact one holds N ≤ 10 modes, the wide one N ≤ 16.
+/// Flow-state layout: the compact one holds N ≤ 10 modes, the wide one N ≤ 12.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     Compact,
@@ -46,6 +46,14 @@ impl Layout {
         match self {
             Layout::Compact => "pirate",
             Layout::Wide => "pirate_wide",
+        }
+    }
+
+    /// The program that rolls a flow of this layout over to a new epoch, in `PIRATE_EPOCH`.
+    pub fn epoch_program(self) -> &'static str {
+        match self {
+            Layout::Compact => "pirate_epoch",
+            Layout::Wide => "pirate_epoch_wide",
         }
     }
 

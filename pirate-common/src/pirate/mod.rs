@@ -4,6 +4,7 @@
 pub mod batch_break;
 pub mod config;
 pub mod flow;
+pub mod grid;
 pub mod layout;
 pub mod modes;
 pub mod tracker;
@@ -14,14 +15,13 @@ mod pod {
     //! uses, whose sizes are checked to have no padding.
     use super::{
         config::{Params, MODES_COMPACT as C, MODES_WIDE as W},
-        flow::{EpochRecord, FlowState},
+        flow::FlowState,
     };
     unsafe impl aya::Pod for Params {}
     unsafe impl aya::Pod for FlowState<C> {}
     unsafe impl aya::Pod for FlowState<W> {}
-    unsafe impl aya::Pod for EpochRecord<C> {}
-    unsafe impl aya::Pod for EpochRecord<W> {}
     const _: () = assert!(size_of::<Params>() == 48);
-    const _: () = assert!(size_of::<FlowState<C>>() == 56 + 20 * C + 8);
-    const _: () = assert!(size_of::<FlowState<W>>() == 56 + 20 * W + 8);
+    const _: () = assert!(size_of::<FlowState<C>>() == 40 + 10 * C + 4);
+    const _: () = assert!(size_of::<FlowState<W>>() == 40 + 10 * W + 4);
+    const _: () = assert!(size_of::<FlowState<C>>() == 144);
 }

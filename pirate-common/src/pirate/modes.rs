@@ -1,27 +1,32 @@
 //! Pirate Alg. 2: a flow's inter-packet gaps summarised by at most N modes, each the
-//! (min, max, count, sum) of the gaps it holds, kept in ascending order and separated by more
+//! (min, max, count, mean) of the gaps it holds, kept in ascending order and separated by more
 //! than ε, or, with a span cap ([`Epsilon::span`]), adjacent pieces of one such mode. Stored as
-//! parallel arrays so N modes cost 20·N bytes and loops stay verifier-friendly.
+//! parallel arrays so N modes cost 10·N bytes and loops stay verifier-friendly.
 
-/// Sums are kept in units of 2^SUM_SHIFT ns (rounded) so a `u32` holds 68 s of gaps per epoch:
-/// an epoch (≤ 60 s) plus one saturated idle gap. The rounding error is ±8 ns per gap, zero-mean.
-pub const SUM_SHIFT: u32 = 4;
+use super::grid;
 
+/// Modes, stored in 10 bytes each: bounds as grid codes ([`grid`]), counts saturating at 65535
+/// gaps per epoch, and the mean as its place between the bounds, in 1/65536ths of the width.
+/// A mean costs two bytes where a sum costs four; it is updated with rounding that is random
+/// (dithered by the gap's own bits), so it drifts by about width·√(n/12)/65536 over n gaps
+/// instead of being biased.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Modes<const M: usize> {
-    pub min: [u32; M],
-    pub max: [u32; M],
-    pub count: [u32; M],
+    /// Grid codes of the shortest and longest gap of each mode.
+    pub lo: [u16; M],
+    pub hi: [u16; M],
+    pub count: [u16; M],
     /// Marked gaps in the mode (inter-batch-gap candidates): after a non-full-size packet, or
     /// across which a TCP client's acknowledgement number advanced (`FLAG_MARK_ACKED`).
-    pub candidates: [u32; M],
-    /// Sum of the gaps, in 2^SUM_SHIFT ns units.
-    pub sum: [u32; M],
-    /// Initialised modes, `min`-ascending in slots `0..len`.
-    pub len: u32,
-    /// Gaps that found no mode and no free slot.
-    pub discarded: u32,
+    pub candidates: [u16; M],
+    /// Where the mean lies in [lo, hi + 1): lo + mean·(hi − lo + 1)/65536.
+    pub mean: [u16; M],
+    /// Initialised modes, `lo`-ascending in slots `0..len`.
+    pub len: u8,
+    pub _pad: u8,
+    /// Gaps that found no mode and no free slot (saturating).
+    pub discarded: u16,
 }
 
 /// Alg. 2's closeness threshold: a fixed part and a part relative to the gap (Q20 fixed point),
@@ -91,7 +96,7 @@ impl<const M: usize> Default for Modes<M> {
 
 impl<const M: usize> Modes<M> {
     pub const fn new() -> Self {
-        Modes { min: [0; M], max: [0; M], count: [0; M], candidates: [0; M], sum: [0; M], len: 0, discarded: 0 }
+        Modes { lo: [0; M], hi: [0; M], count: [0; M], candidates: [0; M], mean: [0; M], len: 0, _pad: 0, discarded: 0 }
     }
 
     pub fn clear(&mut self) {
@@ -108,18 +113,56 @@ impl<const M: usize> Modes<M> {
         }
     }
 
-    /// Sum of mode `i` in nanoseconds.
-    pub fn sum_ns(&self, i: usize) -> u64 {
-        (self.sum[i] as u64) << SUM_SHIFT
+    /// The shortest and longest gap of mode `i` (ns); 0 beyond the arrays.
+    #[inline(always)]
+    pub fn bounds(&self, i: usize) -> (u32, u32) {
+        if i < M {
+            (grid::decode(self.lo[i]), grid::decode(self.hi[i]))
+        } else {
+            (0, 0)
+        }
+    }
+
+    /// The mean gap of mode `i`, in ns·2^16 (the precision the mean is kept at).
+    #[inline(always)]
+    pub fn mean_q16(&self, i: usize) -> u64 {
+        if i >= M {
+            return 0;
+        }
+        let (lo, hi) = self.bounds(i);
+        ((lo as u64) << 16) + self.mean[i] as u64 * (hi - lo + 1) as u64
+    }
+
+    /// The mean gap of mode `i` in ns, rounded.
+    #[inline(always)]
+    pub fn mean_ns(&self, i: usize) -> u64 {
+        (self.mean_q16(i) + (1 << 15)) >> 16
+    }
+
+    /// Sets mode `i`'s mean to `q16` (ns·2^16), within its bounds `(lo, hi)`, rounding up with
+    /// probability equal to the fraction dropped (`dither` is uniform in 0..2^16): one division
+    /// and one clamp, no other branch for the verifier to walk.
+    #[inline(always)]
+    fn set_mean(&mut self, i: usize, q16: u64, dither: u64, (lo, hi): (u32, u32)) {
+        if i >= M {
+            return;
+        }
+        let steps = (hi - lo) as u64 + 1;
+        let off = q16.saturating_sub((lo as u64) << 16);
+        let m = (off + ((dither * steps) >> 16)) / steps;
+        self.mean[i] = if m > u16::MAX as u64 { u16::MAX } else { m as u16 };
     }
 
     /// Alg. 2: counts gap `g` (ns) into the modes, with at most `max_modes` (≤ M) of them.
     /// With a span cap, a full table merges two adjacent modes to make room (never two chains
     /// of them, see `merge_cheapest`), so it discards nothing; a single mode
     /// (`modes = 1`) widens as Alg. 2 does, and discards a gap near no mode, as published.
+    /// Bounds are placed on the grid (the gap's nearest grid value), the mean takes `g` itself.
     pub fn insert(&mut self, g: u32, candidate: bool, eps: Epsilon, max_modes: u32) -> Placed {
+        let code = grid::encode(g);
+        let gap = Gap { code, at: grid::decode(code), ns: g, candidate };
         let cap = if (max_modes as usize) < M { max_modes as usize } else { M };
-        if let Some(placed) = self.place(g, candidate, eps, cap) {
+        if let Some(placed) = self.place(&gap, eps, cap) {
             return placed;
         }
         if eps.span == 0 {
@@ -127,9 +170,9 @@ impl<const M: usize> Modes<M> {
         }
         // Room now: g joins the merged mode if that covers it, or opens its own.
         let placed = if self.used() >= 2 && self.merge_cheapest(eps) {
-            self.place(g, candidate, eps, cap)
+            self.place(&gap, eps, cap)
         } else {
-            self.place(g, candidate, Epsilon { span: 0, ..eps }, cap)
+            self.place(&gap, Epsilon { span: 0, ..eps }, cap)
         };
         placed.unwrap_or_else(|| self.discard())
     }
@@ -139,10 +182,11 @@ impl<const M: usize> Modes<M> {
         Placed::Discarded
     }
 
-    /// Counts g into the mode that takes it, or into a new one; `None` if it needs a new mode
-    /// and `cap` modes exist.
-    fn place(&mut self, g: u32, candidate: bool, eps: Epsilon, cap: usize) -> Option<Placed> {
+    /// Counts the gap into the mode that takes it, or into a new one; `None` if it needs a new
+    /// mode and `cap` modes exist.
+    fn place(&mut self, gap: &Gap, eps: Epsilon, cap: usize) -> Option<Placed> {
         let len = self.used();
+        let g = gap.at;
         // Ascending traversal: the first mode whose ε-widened range holds g (within the span
         // cap) takes it; else g belongs before the first mode that starts above it.
         let mut at = len;
@@ -150,26 +194,29 @@ impl<const M: usize> Modes<M> {
             if i >= len {
                 break;
             }
-            let lo = self.min[i];
-            let hi = self.max[i];
+            let (lo, hi) = self.bounds(i);
             let joins = if g < lo {
                 lo - g <= eps.at(g) && eps.spans(g, hi)
             } else if g > hi {
                 // Not past the next mode's start: a capped mode's neighbour may lie within ε.
-                let below_next = i + 1 >= len || i + 1 >= M || g < self.min[i + 1];
+                let below_next = i + 1 >= len || i + 1 >= M || gap.code < self.lo[i + 1];
                 g - hi <= eps.at(hi) && eps.spans(lo, g) && below_next
             } else {
                 true
             };
             if joins {
-                self.count_into(i, g, candidate);
+                let before = ((lo as u64) << 16) + self.mean[i] as u64 * (hi - lo + 1) as u64;
                 // Widening downwards cannot make mode i−1 mergeable: g was found not near it,
                 // judged at the same lower value, or near it but beyond its span.
                 if g < lo {
-                    self.min[i] = g;
+                    self.lo[i] = gap.code;
+                    self.count_into(i, gap, before, (g, hi));
                 } else if g > hi {
-                    self.max[i] = g;
+                    self.hi[i] = gap.code;
+                    self.count_into(i, gap, before, (lo, g));
                     self.merge_if_close(i, eps);
+                } else {
+                    self.count_into(i, gap, before, (lo, hi));
                 }
                 return Some(Placed::Joined);
             }
@@ -181,7 +228,7 @@ impl<const M: usize> Modes<M> {
         if len >= cap {
             return None;
         }
-        self.open_at(at, len, g, candidate);
+        self.open_at(at, len, gap);
         Some(Placed::Opened)
     }
 
@@ -198,13 +245,15 @@ impl<const M: usize> Modes<M> {
         let len = self.used();
         // Saturated factors keep the product within a u64 (no 128-bit multiply in BPF).
         let cost = |m: &Self, i: usize| {
-            let chained_below = i >= 1 && eps.close(m.max[i - 1], m.min[i]);
-            let chained_above = i + 2 < len && i + 2 < M && eps.close(m.max[i + 1], m.min[i + 2]);
-            if !eps.close(m.max[i], m.min[i + 1]) && chained_below && chained_above {
+            let chained = |a: usize| eps.close(m.bounds(a).1, m.bounds(a + 1).0);
+            let chained_below = i >= 1 && chained(i - 1);
+            let chained_above = i + 2 < len && chained(i + 1);
+            if !chained(i) && chained_below && chained_above {
                 return u64::MAX;
             }
+            let (lo, hi) = (m.bounds(i).0, m.bounds(i + 1).1);
             let gaps = (m.count[i] as u64 + m.count[i + 1] as u64).min(1 << 24);
-            let width_q8 = (((m.max[i + 1] - m.min[i]) as u64) << 8) / eps.at(m.min[i]).max(1) as u64;
+            let width_q8 = (((hi - lo) as u64) << 8) / eps.at(lo).max(1) as u64;
             gaps * width_q8.min(1 << 40)
         };
         let mut best = cost(self, 0);
@@ -230,24 +279,28 @@ impl<const M: usize> Modes<M> {
             }
         }
         if merged {
-            self.len = (len - 1) as u32;
+            self.len = (len - 1) as u8;
             self.zero_slot(len - 1);
         }
         merged
     }
 
-    fn count_into(&mut self, i: usize, g: u32, candidate: bool) {
+    /// Counts the gap into mode `i`, whose mean was `before` (ns·2^16) and whose bounds are now
+    /// `bounds`, holding the gap.
+    fn count_into(&mut self, i: usize, gap: &Gap, before: u64, bounds: (u32, u32)) {
         if i >= M {
             return;
         }
+        // The running mean over n gaps. Means are below 2^48 and n ≤ 2^16: the product fits.
+        let n = self.count[i] as u64 + 1;
+        let after = (before * (n - 1) + ((gap.ns as u64) << 16)) / n;
+        self.set_mean(i, after, dither(gap.ns as u64), bounds);
         self.count[i] = self.count[i].saturating_add(1);
-        self.candidates[i] = self.candidates[i].saturating_add(candidate as u32);
-        let units = (g as u64 + (1 << (SUM_SHIFT - 1))) >> SUM_SHIFT;
-        self.sum[i] = self.sum[i].saturating_add(units as u32);
+        self.candidates[i] = self.candidates[i].saturating_add(gap.candidate as u16);
     }
 
-    /// Shifts modes `at..len` up one slot and puts a singleton mode holding `g` at `at`.
-    fn open_at(&mut self, at: usize, len: usize, g: u32, candidate: bool) {
+    /// Shifts modes `at..len` up one slot and puts a singleton mode holding the gap at `at`.
+    fn open_at(&mut self, at: usize, len: usize, gap: &Gap) {
         // Walk down from the top so each slot is copied before it is overwritten.
         for k in 0..M {
             let j = M - 1 - k;
@@ -261,13 +314,12 @@ impl<const M: usize> Modes<M> {
         if at >= M {
             return;
         }
-        self.min[at] = g;
-        self.max[at] = g;
-        self.count[at] = 0;
-        self.candidates[at] = 0;
-        self.sum[at] = 0;
-        self.count_into(at, g, candidate);
-        self.len = (len + 1) as u32;
+        self.lo[at] = gap.code;
+        self.hi[at] = gap.code;
+        self.count[at] = 1;
+        self.candidates[at] = gap.candidate as u16;
+        self.mean[at] = 0;
+        self.len = (len + 1) as u8;
     }
 
     /// ConsiderMergeModes(i, i+1): joins the two if they now lie within ε of each other (and
@@ -278,7 +330,8 @@ impl<const M: usize> Modes<M> {
         if j >= len || j >= M {
             return;
         }
-        if !eps.close(self.max[i], self.min[j]) || !eps.spans(self.min[i], self.max[j]) {
+        let ((lo, hi), (next_lo, next_hi)) = (self.bounds(i), self.bounds(j));
+        if !eps.close(hi, next_lo) || !eps.spans(lo, next_hi) {
             return;
         }
         self.merge_pair(i, len);
@@ -301,7 +354,7 @@ impl<const M: usize> Modes<M> {
             }
             self.copy_slot(from, s);
         }
-        self.len = (len - 1) as u32;
+        self.len = (len - 1) as u8;
         if len - 1 < M {
             self.zero_slot(len - 1);
         }
@@ -313,33 +366,53 @@ impl<const M: usize> Modes<M> {
         if j >= M {
             return;
         }
-        if self.max[j] > self.max[i] {
-            self.max[i] = self.max[j];
+        // Weighted at 2^-8 ns: means below 2^40 times counts below 2^16, summed, fit.
+        let (a, b) = (self.mean_q16(i) >> 8, self.mean_q16(j) >> 8);
+        let (na, nb) = (self.count[i] as u64, self.count[j] as u64);
+        let mean = ((a * na + b * nb) / (na + nb).max(1)) << 8;
+        if self.hi[j] > self.hi[i] {
+            self.hi[i] = self.hi[j];
         }
+        self.set_mean(i, mean, dither(mean), self.bounds(i));
         self.count[i] = self.count[i].saturating_add(self.count[j]);
         self.candidates[i] = self.candidates[i].saturating_add(self.candidates[j]);
-        self.sum[i] = self.sum[i].saturating_add(self.sum[j]);
     }
 
     fn copy_slot(&mut self, from: usize, to: usize) {
         if from >= M || to >= M {
             return;
         }
-        self.min[to] = self.min[from];
-        self.max[to] = self.max[from];
+        self.lo[to] = self.lo[from];
+        self.hi[to] = self.hi[from];
         self.count[to] = self.count[from];
         self.candidates[to] = self.candidates[from];
-        self.sum[to] = self.sum[from];
+        self.mean[to] = self.mean[from];
     }
 
     fn zero_slot(&mut self, i: usize) {
         if i >= M {
             return;
         }
-        self.min[i] = 0;
-        self.max[i] = 0;
+        self.lo[i] = 0;
+        self.hi[i] = 0;
         self.count[i] = 0;
         self.candidates[i] = 0;
-        self.sum[i] = 0;
+        self.mean[i] = 0;
     }
+}
+
+/// A gap being placed: its grid code and value (for the bounds), and its exact length (for the
+/// mean).
+struct Gap {
+    code: u16,
+    at: u32,
+    ns: u32,
+    candidate: bool,
+}
+
+/// 16 pseudo-random bits from `x` (a Fibonacci hash): the rounding dither for means. Taken from
+/// the data, so that the kernel and replay round alike.
+#[inline(always)]
+fn dither(x: u64) -> u64 {
+    x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48
 }

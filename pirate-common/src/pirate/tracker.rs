@@ -7,7 +7,7 @@ use super::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
         FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
     },
-    flow::{FlowState, ACK_SEEN, SEQ_SEEN, STARTED},
+    flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT},
     modes::Placed,
 };
 use crate::{
@@ -59,8 +59,8 @@ pub enum Step {
     Idle { gap_ns: u64 },
 }
 
-/// A packet of epoch `epoch` on a flow: a state still holding an earlier epoch first gives it to
-/// `hand_over` (when [`FlowState::hand_over_due`]) and starts this one; then [`on_packet`].
+/// A packet of epoch `epoch` on a flow: [`roll_epoch`], then [`packet`]. The datapath runs the
+/// two in separate programs (each has its own verifier budget); replay runs this.
 #[inline(always)]
 pub fn step<const M: usize>(
     st: &mut FlowState<M>,
@@ -69,12 +69,30 @@ pub fn step<const M: usize>(
     p: &Params,
     hand_over: impl FnOnce(&FlowState<M>),
 ) -> Step {
+    roll_epoch(st, epoch, p, hand_over);
+    packet(st, pkt, p)
+}
+
+/// A state still holding an earlier epoch than `epoch` first gives it to `hand_over` (when
+/// [`FlowState::hand_over_due`]) and starts `epoch`.
+#[inline(always)]
+pub fn roll_epoch<const M: usize>(
+    st: &mut FlowState<M>,
+    epoch: u32,
+    p: &Params,
+    hand_over: impl FnOnce(&FlowState<M>),
+) {
     if st.epoch != epoch {
         if st.hand_over_due(epoch) {
             hand_over(st);
         }
         st.start_epoch(epoch, p);
     }
+}
+
+/// [`on_packet`] for a parsed packet.
+#[inline(always)]
+pub fn packet<const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, p: &Params) -> Step {
     on_packet(st, pkt.ts_ns, PacketInfo::of(pkt), p)
 }
 
@@ -96,15 +114,15 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
         st.high_seq = pkt.data_end;
         st.status |= SEQ_SEEN;
     }
-    st.packets = st.packets.saturating_add(1);
+    st.status |= ACTIVE;
 
     // Full size: as long as the largest payload the flow has sent, and long enough to be an MSS.
     if pkt.payload > st.max_payload {
         st.max_payload = pkt.payload;
     }
     let short = pkt.payload < st.max_payload || st.max_payload < MIN_FULL_PAYLOAD;
-    let after_short = st.prev_short != 0 || !p.has(FLAG_MARK_AFTER_SHORT);
-    st.prev_short = short as u8;
+    let after_short = st.status & PREV_SHORT != 0 || !p.has(FLAG_MARK_AFTER_SHORT);
+    st.status = if short { st.status | PREV_SHORT } else { st.status & !PREV_SHORT };
     // The gap before a TCP segment whose acknowledgement number advanced held the arrival of
     // server data: a response, so the gap ends a batch. Reordered segments (an older ack) and
     // the client's pacing within a batch (the same ack) do not. Pure ACKs (when they are in the
@@ -127,14 +145,17 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
         None => after_short,
     };
 
-    if st.status & STARTED == 0 || now < st.last_pkt_ns {
-        st.status |= STARTED;
-        st.last_pkt_ns = now;
-        st.last_batch_ns = now;
+    let last = st.last_pkt.get();
+    if st.status & STARTED == 0 || now < last {
+        st.status |= STARTED | RESTARTED;
+        st.last_pkt.set(now);
+        st.batch_age_ns = 0;
         return Step::First;
     }
-    let gap_ns = now - st.last_pkt_ns;
-    st.last_pkt_ns = now;
+    let gap_ns = now - last;
+    st.last_pkt.set(now);
+    let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
+    st.batch_age_ns = st.batch_age_ns.saturating_add(g);
 
     // Alg. 1: a gap above δ (or from the adaptive δ on) ends the batch; the time since the
     // previous batch start is a sample.
@@ -144,11 +165,12 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
         gap_ns > p.delta_ns
     };
     if ends_batch {
-        let sample = now - st.last_batch_ns;
-        st.last_batch_ns = now;
-        if sample < p.idle_floor_ns {
-            st.samples = st.samples.saturating_add(1);
-            st.samples_sum_ns = st.samples_sum_ns.saturating_add(sample);
+        let sample = st.batch_age_ns;
+        st.batch_age_ns = 0;
+        if (sample as u64) < p.idle_floor_ns && st.samples < u16::MAX {
+            st.samples += 1;
+            let units = (sample as u64 + (1 << (SUM_SHIFT - 1))) >> SUM_SHIFT;
+            st.samples_sum = st.samples_sum.saturating_add(units as u32);
         }
     }
 
@@ -161,7 +183,6 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     }
 
     // Alg. 2 on the gap (below the floor, at most 4 s: it fits).
-    let g = if gap_ns > MAX_GAP_NS { MAX_GAP_NS as u32 } else { gap_ns as u32 };
     let placed = st.modes.insert(g, candidate, p.epsilon(), p.max_modes as u32);
     Step::Gap { gap_ns, placed }
 }

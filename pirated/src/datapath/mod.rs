@@ -112,10 +112,15 @@ impl Datapath {
             FIRST_EPOCH
         };
         // The root first: it owns the program arrays, whose later members must match it.
-        for name in [ROOT, layout.program()] {
+        for name in [ROOT, layout.program(), layout.epoch_program()] {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
             program.load().map_err(|e| verifier_error(name, e))?;
         }
+        let roll_over: &Xdp = ebpf.program(layout.epoch_program()).unwrap().try_into()?;
+        let roll_over = roll_over.fd()?.try_clone().context("duplicating the epoch program's descriptor")?;
+        ProgramArray::try_from(ebpf.map_mut(maps::PIRATE_EPOCH).unwrap())?
+            .set(0, &roll_over, 0)
+            .context("filling PIRATE_EPOCH")?;
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, epoch, pins: None, attached_mode: "none" };
@@ -217,7 +222,7 @@ impl Datapath {
     /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
     /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
     pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
-        [ROOT, self.layout.program()]
+        [ROOT, self.layout.program(), self.layout.epoch_program()]
             .into_iter()
             .map(|name| {
                 let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;

@@ -70,13 +70,12 @@ impl Records {
 fn drain<const M: usize>(table: &MapData, ring: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained>
 where
     FlowState<M>: aya::Pod,
-    EpochRecord<M>: aya::Pod,
 {
     let mut flows = Vec::new();
     let mut tracked = 0;
     map_batch::for_each::<FlowKey, FlowState<M>>(table, |key, state| {
         tracked += 1;
-        if state.epoch == closed && state.packets > 0 {
+        if state.measured(closed) {
             flows.push(FlowEpoch::from_state(*key, state));
         }
     })

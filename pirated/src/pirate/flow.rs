@@ -43,8 +43,8 @@ impl ModeView for ModeSlice<'_> {
     fn count(&self, i: usize) -> u64 {
         self.0[i].count
     }
-    fn sum_ns(&self, i: usize) -> u64 {
-        self.0[i].sum_ns
+    fn mean_ns(&self, i: usize) -> u64 {
+        self.0[i].sum_ns.checked_div(self.0[i].count).unwrap_or(0)
     }
     fn min_ns(&self, i: usize) -> u64 {
         self.0[i].min_ns
@@ -74,24 +74,29 @@ pub struct FlowEpoch {
 impl FlowEpoch {
     pub fn from_state<const M: usize>(key: FlowKey, st: &FlowState<M>) -> FlowEpoch {
         let m = &st.modes;
-        let len = (m.len as usize).min(M);
         FlowEpoch {
             key,
             epoch: st.epoch,
-            modes: (0..len)
-                .map(|i| Mode {
-                    min_ns: m.min[i] as u64,
-                    max_ns: m.max[i] as u64,
-                    count: m.count[i] as u64,
-                    candidates: m.candidates[i] as u64,
-                    sum_ns: m.sum_ns(i),
+            modes: (0..m.used())
+                .map(|i| {
+                    let (lo, hi) = m.bounds(i);
+                    let count = m.count[i] as u64;
+                    // The mean is kept in 1/65536ths of the width above lo.
+                    let above = (count as u128 * m.mean[i] as u128 * (hi - lo) as u128 + (1 << 15)) >> 16;
+                    Mode {
+                        min_ns: lo as u64,
+                        max_ns: hi as u64,
+                        count,
+                        candidates: m.candidates[i] as u64,
+                        sum_ns: count * lo as u64 + above as u64,
+                    }
                 })
                 .collect(),
             discarded: m.discarded as u64,
             idle_gaps: st.idle_gaps as u64,
-            packets: st.packets as u64,
+            packets: st.packets(),
             samples: st.samples as u64,
-            samples_sum_ns: st.samples_sum_ns,
+            samples_sum_ns: st.samples_sum_ns(),
             batch_gap_ns: st.batch_gap_ns as u64,
         }
     }

@@ -36,7 +36,7 @@ fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)
         epoch: closed,
         flows: flows
             .iter()
-            .filter(|(_, st)| st.epoch == closed && st.packets > 0)
+            .filter(|(_, st)| st.measured(closed))
             .map(|(k, st)| FlowEpoch::from_state(*k, st))
             .collect(),
     };

@@ -104,7 +104,7 @@ fn main() -> Result<()> {
     println!(
         "epoch benchmark: {} servers, {} gaps in {} modes per flow (template 0); {} CPUs",
         args.servers,
-        templates[0].packets.saturating_sub(1),
+        templates[0].packets().saturating_sub(1),
         templates[0].modes.len,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );

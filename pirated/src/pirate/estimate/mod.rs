@@ -169,8 +169,11 @@ mod tests {
         };
         let (alg2, capped) = (measure(0), measure(settings.epsilon.span));
         assert!(capped.0 > alg2.0, "the cap made no more modes: {alg2:?} {capped:?}");
-        assert!((capped.1 - alg2.1).abs() <= 1e-9 * alg2.1, "paper: {alg2:?} {capped:?}");
-        assert!((capped.2 - alg2.2).abs() <= 1e-9 * alg2.2, "batches: {alg2:?} {capped:?}");
+        // Modes keep their means to within width·√(n/12)/65536 (random rounding): for Alg. 2's
+        // one mode, 3.4 ms wide over 2000 gaps, 670 ns; twice that bounds the difference.
+        let kept = 2.0 * 3_400_000.0 / 65_536.0 * (gaps.len() as f64 / 12.0).sqrt();
+        assert!((capped.1 - alg2.1).abs() <= kept, "paper: {alg2:?} {capped:?}");
+        assert!((capped.2 - alg2.2).abs() <= kept, "batches: {alg2:?} {capped:?}");
         let err = |p99: f64| (p99 - truth).abs() / truth;
         eprintln!(
             "modes {} → {}; p99 truth {truth}, Alg. 2 modes {:.0} ({:.1} %), capped {:.0} ({:.1} %)",

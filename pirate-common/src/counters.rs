@@ -12,7 +12,7 @@ pub const NOT_IP: u32 = 2;
 pub const MALFORMED: u32 = 3;
 /// IP but neither TCP nor UDP, an IP fragment, or ESP: nothing to key a flow on.
 pub const UNSUPPORTED: u32 = 4;
-/// The flow table refused a new flow.
+/// The flow table could not take a new flow.
 pub const MAP_FULL: u32 = 5;
 /// First packet of a flow: a state was created, there is no gap yet.
 pub const NEW_FLOW: u32 = 6;
@@ -32,9 +32,9 @@ pub const EVENT_NO_TAIL_CALL: u32 = 11;
 /// Event: a flow-table entry was inserted (the first packet the table saw of the flow, pure
 /// ACKs included); pirated never deletes entries, so those inserted but gone were evicted.
 pub const EVENT_FLOW_INSERTED: u32 = 12;
-/// Event: a flow's epoch could not be rolled over (`pirate_epoch` missing from `PIRATE_EPOCH`):
-/// its packet went into the epoch the flow held.
-pub const EVENT_NO_EPOCH_PROGRAM: u32 = 13;
+/// Event: `pirate_flow` could not be reached (missing from `PIRATE_FLOW`): a new flow's packet
+/// went unmeasured (`map_full`), a known flow's into the epoch the flow held.
+pub const EVENT_NO_FLOW_PROGRAM: u32 = 13;
 
 pub const COUNT: u32 = 14;
 
@@ -53,7 +53,7 @@ pub const NAMES: [&str; COUNT as usize] = [
     "record_sent",
     "no_tail_call",
     "flow_inserted",
-    "no_epoch_program",
+    "no_flow_program",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

@@ -39,6 +39,10 @@ pub struct PacketCtx {
     pub tcp_flags: u8,
     /// [`PARSED`], or why the parser rejected the frame (`Reject as u8`).
     pub outcome: u8,
+    /// Scratch for a capability program: `pirate` keeps the way of the packet's flow in its set
+    /// here, and reads it back as a value the verifier knows nothing of, so that it walks the
+    /// per-packet step once, not once per way.
+    pub way: u32,
 }
 
 const _: () = assert!(size_of::<PacketCtx>() == 72);

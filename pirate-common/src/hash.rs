@@ -18,6 +18,24 @@ pub fn flow_hash(key: &FlowKey) -> u32 {
     (h ^ (h >> 32)) as u32
 }
 
+/// An 80-bit digest of an IPv6 key's two addresses (64 bits, then 16 more), for [`FlowId`]: two
+/// independent 64-bit mixes of the four address words.
+///
+/// [`FlowId`]: crate::key::FlowId
+#[inline(always)]
+pub fn address_digest(key: &FlowKey) -> (u64, u16) {
+    // SAFETY: FlowKey is 8-byte aligned and starts with the two 16-byte addresses.
+    let words = unsafe { &*(key as *const FlowKey as *const [u64; 4]) };
+    let (mut a, mut b): (u64, u64) = (0x5049_5241_5445_4436, 0x7631_7265_7365_7276);
+    for w in words {
+        a = (a ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        a ^= a >> 29;
+        b = (b ^ w).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        b ^= b >> 31;
+    }
+    (a, b as u16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,5 @@
-//! The flow key every capability shares: the root writes it into the packet context, the flow
-//! tables are keyed on it, and the flow hash reads it.
+//! The flow key every capability shares (the root writes it into the packet context and the
+//! flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -27,3 +27,103 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 // SAFETY: plain data, no padding (fields fill 40 bytes exactly).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for FlowKey {}
+
+/// A flow table's key, 16 bytes where [`FlowKey`] takes 40: an IPv4 flow's 5-tuple as it is,
+/// an IPv6 flow's ports and protocol with an 80-bit digest of its addresses (which pirated
+/// learns once per flow, from `V6_NAMES`). Two IPv6 flows of one port pair collide with
+/// probability 2^-80. 8-byte aligned: compared as two words.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowId {
+    /// IPv4: source then destination address; IPv6: 64 bits of their digest.
+    pub addrs: [u8; 8],
+    /// Host byte order.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`; 0 in an empty table slot.
+    pub family: u8,
+    /// IPv6: 16 more bits of the digest; IPv4: 0.
+    pub digest_hi: u16,
+}
+
+const _: () = assert!(size_of::<FlowId>() == 16);
+
+impl FlowId {
+    #[inline(always)]
+    pub fn of(key: &FlowKey) -> FlowId {
+        let mut id = FlowId {
+            addrs: [0; 8],
+            sport: key.sport,
+            dport: key.dport,
+            proto: key.proto,
+            family: key.family,
+            digest_hi: 0,
+        };
+        if key.family == FAMILY_V6 {
+            let (lo, hi) = crate::hash::address_digest(key);
+            id.addrs = lo.to_le_bytes();
+            id.digest_hi = hi;
+        } else {
+            id.addrs[..4].copy_from_slice(&key.src[..4]);
+            id.addrs[4..].copy_from_slice(&key.dst[..4]);
+        }
+        id
+    }
+
+    /// The key of an IPv4 id; an IPv6 id's addresses are not in it (`None`).
+    pub fn v4_key(&self) -> Option<FlowKey> {
+        if self.family != FAMILY_V4 {
+            return None;
+        }
+        let mut key = FlowKey {
+            sport: self.sport,
+            dport: self.dport,
+            proto: self.proto,
+            family: FAMILY_V4,
+            ..FlowKey::default()
+        };
+        key.src[..4].copy_from_slice(&self.addrs[..4]);
+        key.dst[..4].copy_from_slice(&self.addrs[4..]);
+        Some(key)
+    }
+
+    /// The id as two words, for the datapath's comparisons (an array `==` may become a call).
+    #[inline(always)]
+    pub fn words(&self) -> [u64; 2] {
+        // SAFETY: 16 bytes, 8-byte aligned, plain data.
+        unsafe { *(self as *const FlowId as *const [u64; 2]) }
+    }
+}
+
+// SAFETY: plain data, no padding (fields fill 16 bytes exactly).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for FlowId {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(family: u8, src: u8, sport: u16) -> FlowKey {
+        let mut k = FlowKey { sport, dport: 443, proto: 6, family, ..FlowKey::default() };
+        let len = if family == FAMILY_V4 { 4 } else { 16 };
+        k.src[..len].fill(src);
+        k.dst[..len].fill(9);
+        k
+    }
+
+    /// An IPv4 id is its key; IPv6 ids keep ports and protocol and tell addresses apart.
+    #[test]
+    fn ids_keep_v4_keys_and_tell_v6_addresses_apart() {
+        let v4 = key(FAMILY_V4, 10, 5000);
+        assert_eq!(FlowId::of(&v4).v4_key(), Some(v4));
+        let (a, b) = (FlowId::of(&key(FAMILY_V6, 1, 5000)), FlowId::of(&key(FAMILY_V6, 2, 5000)));
+        assert_eq!((a.sport, a.dport, a.proto, a.family), (5000, 443, 6, FAMILY_V6));
+        assert_ne!(a, b);
+        assert_ne!(a.words(), FlowId::of(&key(FAMILY_V6, 1, 5001)).words());
+        assert_eq!(a.v4_key(), None);
+        let mut flipped = key(FAMILY_V6, 1, 5000);
+        flipped.dst[15] ^= 1;
+        assert_ne!(FlowId::of(&flipped), a, "one address bit moves the digest");
+    }
+}

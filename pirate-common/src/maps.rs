@@ -1,10 +1,10 @@
 //! The datapath's map names, as `pirate-ebpf` declares them (`#[map]` takes the static's name,
 //! a literal) and pirated looks them up: pirated checks at load that each is in the object. All
-//! but `BLANK` and `RECORDS` are pinned by name in the instance's pin directory.
+//! but `RECORDS` are pinned by name in the instance's pin directory.
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -19,15 +19,18 @@ pub const CHAIN: &str = "CHAIN";
 /// The forwarder slots (Katran's root array): the same layout in every version, so its pin
 /// (where balancers register) outlives layout changes.
 pub const FORWARD: &str = "FORWARD";
-/// `pirate`'s flow tables, one per state layout, and the blank state new flows start from.
+/// `pirate`'s flow tables (`pirate::table`), one per state layout: mmapable arrays of sets.
 pub const FLOWS: &str = "FLOWS";
 pub const FLOWS_WIDE: &str = "FLOWS_WIDE";
-pub const BLANK: &str = "BLANK";
-/// `pirate`'s epoch roll-over program for the layout in use (one slot): it runs once per flow
-/// and epoch, apart so that each program has its own verifier budget.
-pub const PIRATE_EPOCH: &str = "PIRATE_EPOCH";
+/// The addresses of IPv6 flows (`key::FlowId` → source and destination), written when a flow
+/// enters the table; pirated reads and deletes them.
+pub const V6_NAMES: &str = "V6_NAMES";
+/// `pirate_flow` for the layout in use (one slot): it puts new flows into the table and rolls
+/// flows over to a new epoch, once per flow and epoch, apart from the per-packet `pirate` so
+/// that each has its own verifier budget.
+pub const PIRATE_FLOW: &str = "PIRATE_FLOW";
 /// `pirate`'s hand-over ring buffer of finished flow epochs.
 pub const RECORDS: &str = "RECORDS";
 
 pub const ALL: [&str; 11] =
-    [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, BLANK, PIRATE_EPOCH, RECORDS];
+    [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, V6_NAMES, PIRATE_FLOW, RECORDS];

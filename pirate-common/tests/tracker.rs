@@ -47,6 +47,8 @@ fn params(flags: u32) -> Params {
             min_share_q20: (1 << 20) / 50,
             straggler_share_q20: (1 << 20) / 20,
         },
+        table_sets: 1,
+        _pad: 0,
     }
 }
 

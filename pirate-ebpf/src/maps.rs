@@ -5,15 +5,18 @@
 //! aya 0.13's reader cannot resume a ring another reader consumed from.
 
 use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use pirate_common::{
     counters,
     ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
-    key::FlowKey,
-    pirate::config::{Params, MODES_COMPACT, MODES_WIDE},
-    pirate::flow::FlowState,
+    key::FlowId,
+    pirate::{
+        config::{Params, MODES_COMPACT, MODES_WIDE},
+        table::Set,
+    },
 };
 
 /// Written once by pirated before attaching.
@@ -34,19 +37,19 @@ pub static CHAIN: ProgramArray = ProgramArray::pinned(CHAIN_SLOTS, 0);
 /// Forwarders (Katran's balancer, `pirate_lb`), registered by position as in Katran's root array.
 #[map]
 pub static FORWARD: ProgramArray = ProgramArray::pinned(FORWARD_SLOTS, 0);
-/// Flow tables, one per state layout; pirated sizes the one it uses and shrinks the other to 1.
+/// Flow tables (`pirate_common::pirate::table`), one per state layout; pirated sizes the one it
+/// uses and shrinks the other to one set. Mmapable: pirated reads them in place.
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowState<MODES_COMPACT>> = LruHashMap::pinned(65536, 0);
+pub static FLOWS: Array<Set<MODES_COMPACT>> = Array::pinned(1, BPF_F_MMAPABLE);
 #[map]
-pub static FLOWS_WIDE: LruHashMap<FlowKey, FlowState<MODES_WIDE>> = LruHashMap::pinned(1, 0);
-/// An all-zero flow state per CPU, the source of new flows' entries (too big for the stack).
-/// Sized for the wide layout, so it covers both.
-const _: () = assert!(size_of::<FlowState<MODES_COMPACT>>() <= size_of::<FlowState<MODES_WIDE>>());
+pub static FLOWS_WIDE: Array<Set<MODES_WIDE>> = Array::pinned(1, BPF_F_MMAPABLE);
+/// IPv6 flows' addresses (source, destination) by id, written as a flow enters the table;
+/// allocated as used, and emptied by pirated as it learns them.
 #[map]
-pub static BLANK: PerCpuArray<FlowState<MODES_WIDE>> = PerCpuArray::with_max_entries(1, 0);
-/// `pirate_epoch` or `pirate_epoch_wide`, whichever matches the layout in use.
+pub static V6_NAMES: HashMap<FlowId, [u8; 32]> = HashMap::pinned(65536, BPF_F_NO_PREALLOC);
+/// `pirate_flow` or `pirate_flow_wide`, whichever matches the layout in use.
 #[map]
-pub static PIRATE_EPOCH: ProgramArray = ProgramArray::pinned(1, 0);
+pub static PIRATE_FLOW: ProgramArray = ProgramArray::pinned(1, 0);
 /// Finished epochs of flows that saw a packet after the epoch changed.
 #[map]
 pub static RECORDS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);

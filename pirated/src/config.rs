@@ -321,6 +321,8 @@ impl Config {
             mode_span: p.mode_span as u16,
             flags,
             rules: self.break_rules(),
+            table_sets: pirate_common::pirate::table::sets_for(self.max_flows),
+            _pad: 0,
         }
     }
 }

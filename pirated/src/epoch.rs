@@ -97,6 +97,9 @@ pub async fn run(
         };
         let started = Instant::now();
         let (data, kernel) = live.close_epoch()?;
+        if kernel.unnamed > 0 {
+            warn!(count = kernel.unnamed, "left out IPv6 flows whose addresses never arrived (V6_NAMES full)");
+        }
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }

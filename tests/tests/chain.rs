@@ -147,7 +147,7 @@ fn an_empty_capability_slot_is_skipped_and_a_filled_one_taken() -> Result<()> {
     Ok(())
 }
 
-/// The first packet of a flow in a new epoch takes the detour through `pirate_epoch` (which
+/// The first packet of a flow in a new epoch takes the detour through `pirate_flow` (which
 /// hands the finished epoch over and re-enters `pirate`): it is measured once, no roll-over
 /// fails, and the finished epoch reaches the hand-over ring.
 #[test]
@@ -164,7 +164,7 @@ fn a_new_epoch_rolls_each_flow_over_once() -> Result<()> {
     let after = dp.counters()?;
     let d: [u64; counters::COUNT as usize] = std::array::from_fn(|i| after[i] - before[i]);
     ensure!(d[counters::NEW_FLOW as usize] == 1 && outcomes(&d) == 4, "{d:?}");
-    ensure!(d[counters::EVENT_NO_EPOCH_PROGRAM as usize] == 0, "a roll-over failed: {d:?}");
+    ensure!(d[counters::EVENT_NO_FLOW_PROGRAM as usize] == 0, "a roll-over failed: {d:?}");
     ensure!(d[counters::EVENT_RECORD_SENT as usize] == 1, "{d:?}");
     let drained = records.drain(&dp, epoch)?;
     ensure!(drained.flows.len() == 1, "{} flows drained for epoch {epoch}", drained.flows.len());

@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
+use pirate_common::pirate::table::{sets_for, WAYS};
 use pirate_tests::testbed::{
     batch_weighted_mean, workspace_binary, By, Of, OnePoint, PinRoot, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF,
 };
@@ -197,8 +198,8 @@ fn ipv6_flows_are_measured() -> Result<()> {
     Ok(())
 }
 
-/// A flow table far smaller than the traffic: the LRU table evicts, every packet still passes,
-/// and the table never holds more than its capacity.
+/// A flow table far smaller than the traffic: the table evicts, every packet still passes, and
+/// the table never holds more than its capacity (the ways of the sets `max_flows` asks for).
 #[test]
 fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     let tb = OnePoint::new()?;
@@ -217,8 +218,9 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     pirated.stop()?;
     assert_eq!(received.load(Ordering::Relaxed), 3 * FLOWS, "every datagram reaches the server");
     let tracked = metric(&metrics, "pirated_flows_tracked");
-    assert!((1..=16).contains(&tracked), "{tracked} flows tracked in a 16-entry table");
-    // 600 distinct flows were each inserted into a 16-entry table: it evicted, never refused.
+    let capacity = (sets_for(16) as usize * WAYS) as u64;
+    assert!((1..=capacity).contains(&tracked), "{tracked} flows tracked in a {capacity}-way table");
+    // 600 distinct flows were each inserted into a small table: it evicted, never refused.
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"new_flow\"}"), 3 * FLOWS);
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"map_full\"}"), 0);
     // Every flow no longer in the table was evicted, and counted.
@@ -252,7 +254,8 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
     let found = pins(&root.path, tb.vp.name())?;
     // Every map but the per-CPU blank state and the hand-over ring, the layout marker and the
     // link on the interface.
-    let maps = ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD", "PIRATE_EPOCH"];
+    let maps =
+        ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD", "PIRATE_FLOW", "V6_NAMES"];
     let (listed, rest) = found.split_at(maps.len().min(found.len()));
     ensure!(listed == maps, "pins: {found:?}");
     ensure!(rest.len() == 2 && rest[0].starts_with("layout-v"), "pins: {found:?}");

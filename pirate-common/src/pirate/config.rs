@@ -49,6 +49,9 @@ pub struct Params {
     pub flags: u32,
     /// The break between intra- and inter-batch gaps (adaptive δ).
     pub rules: super::batch_break::BreakRules,
+    /// Sets in the flow table (`table::sets_for`).
+    pub table_sets: u32,
+    pub _pad: u32,
 }
 
 impl Params {

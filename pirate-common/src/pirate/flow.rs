@@ -6,7 +6,7 @@ use super::{
     config::{Params, FLAG_ADAPTIVE_DELTA, MIN_GAPS_FOR_BREAK},
     modes::Modes,
 };
-use crate::key::FlowKey;
+use crate::key::FlowId;
 
 /// `FlowState::status` bits. The first three are the flow's, the last two its epoch's.
 /// A packet has entered the gap stream (0 is a valid timestamp in replay).
@@ -163,6 +163,6 @@ impl<const M: usize> FlowState<M> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpochRecord<const M: usize> {
-    pub key: FlowKey,
+    pub id: FlowId,
     pub state: FlowState<M>,
 }

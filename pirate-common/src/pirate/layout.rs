@@ -2,11 +2,8 @@
 //! each uses, and [`with_modes!`](crate::with_modes), the one place that turns the runtime
 //! choice into the const mode capacity the state types are generic over.
 
-use super::{
-    config::MODES_COMPACT,
-    flow::{EpochRecord, FlowState},
-};
-use crate::{key::FlowKey, maps};
+use super::{config::MODES_COMPACT, flow::EpochRecord, table};
+use crate::maps;
 
 /// Evaluates `$e` with `$m` the mode capacity (a const) of the [`Layout`] `$layout`.
 #[macro_export]
@@ -49,11 +46,12 @@ impl Layout {
         }
     }
 
-    /// The program that rolls a flow of this layout over to a new epoch, in `PIRATE_EPOCH`.
-    pub fn epoch_program(self) -> &'static str {
+    /// The program that puts a flow of this layout into the table or rolls it over to a new
+    /// epoch, in `PIRATE_FLOW`.
+    pub fn flow_program(self) -> &'static str {
         match self {
-            Layout::Compact => "pirate_epoch",
-            Layout::Wide => "pirate_epoch_wide",
+            Layout::Compact => "pirate_flow",
+            Layout::Wide => "pirate_flow_wide",
         }
     }
 
@@ -77,8 +75,13 @@ impl Layout {
         with_modes!(self, M => size_of::<EpochRecord<M>>())
     }
 
-    /// Key plus value bytes of one flow-table entry.
+    /// Bytes of one flow in the flow table (id and state).
     pub fn entry_size(self) -> usize {
-        size_of::<FlowKey>() + with_modes!(self, M => size_of::<FlowState<M>>())
+        with_modes!(self, M => size_of::<table::Set<M>>()) / table::WAYS
+    }
+
+    /// Bytes of one set of the flow table (the array's value).
+    pub fn set_size(self) -> usize {
+        with_modes!(self, M => size_of::<table::Set<M>>())
     }
 }

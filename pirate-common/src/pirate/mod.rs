@@ -7,6 +7,7 @@ pub mod flow;
 pub mod grid;
 pub mod layout;
 pub mod modes;
+pub mod table;
 pub mod tracker;
 
 #[cfg(feature = "user")]
@@ -16,12 +17,17 @@ mod pod {
     use super::{
         config::{Params, MODES_COMPACT as C, MODES_WIDE as W},
         flow::FlowState,
+        table::{Set, WAYS},
     };
     unsafe impl aya::Pod for Params {}
     unsafe impl aya::Pod for FlowState<C> {}
     unsafe impl aya::Pod for FlowState<W> {}
-    const _: () = assert!(size_of::<Params>() == 48);
+    unsafe impl aya::Pod for Set<C> {}
+    unsafe impl aya::Pod for Set<W> {}
+    const _: () = assert!(size_of::<Params>() == 56);
     const _: () = assert!(size_of::<FlowState<C>>() == 40 + 10 * C + 4);
     const _: () = assert!(size_of::<FlowState<W>>() == 40 + 10 * W + 4);
     const _: () = assert!(size_of::<FlowState<C>>() == 144);
+    const _: () = assert!(size_of::<Set<C>>() == WAYS * (16 + size_of::<FlowState<C>>()));
+    const _: () = assert!(size_of::<Set<W>>() == WAYS * (16 + size_of::<FlowState<W>>()));
 }

@@ -1,9 +1,10 @@
 //! The one place that loads, attaches and pins the XDP chain (`pirate_root`, which attaches, and
 //! the capability programs it tail-calls through `CHAIN`), advances the epoch and hands out the
-//! maps the capabilities drain. `map_batch` and `test_run` are the kernel calls aya 0.13 lacks.
+//! maps the capabilities drain. `table` maps `pirate`'s flow table into the daemon; `test_run` is
+//! the kernel call aya 0.13 lacks.
 
-pub mod map_batch;
 pub mod pins;
+pub mod table;
 pub mod test_run;
 
 use std::{
@@ -23,11 +24,17 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use pirate_common::{counters, ctx::CHAIN_PIRATE, maps, pirate::layout::Layout};
+use pirate_common::{
+    counters,
+    ctx::CHAIN_PIRATE,
+    maps,
+    pirate::{layout::Layout, table::sets_for},
+};
 use tracing::{info, warn};
 
 use crate::config::{AttachMode, Config, OnExit};
 use pins::PinDir;
+use table::FlowTable;
 
 /// The XDP object built from `pirate-ebpf` by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
@@ -49,6 +56,8 @@ pub struct Datapath {
     pirate: ProgramFd,
     /// Size of `pirate`'s hand-over ring buffer.
     ring_bytes: u32,
+    /// `pirate`'s flow table, mapped.
+    table: FlowTable,
     /// The epoch the datapath was in when loaded (the pinned one, on a restart).
     epoch: u32,
     /// Where the maps and the link are pinned, once attached, and what to do with them at exit.
@@ -84,8 +93,9 @@ impl Datapath {
         let ring_bytes = ring_size(config.max_flows as usize, layout);
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(dir)
-            .set_max_entries(layout.flows_map(), config.max_flows)
+            .set_max_entries(layout.flows_map(), sets_for(config.max_flows))
             .set_max_entries(layout.unused_flows_map(), 1)
+            .set_max_entries(maps::V6_NAMES, config.max_flows)
             .set_max_entries(maps::RECORDS, ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
@@ -112,18 +122,20 @@ impl Datapath {
             FIRST_EPOCH
         };
         // The root first: it owns the program arrays, whose later members must match it.
-        for name in [ROOT, layout.program(), layout.epoch_program()] {
+        for name in [ROOT, layout.program(), layout.flow_program()] {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
             program.load().map_err(|e| verifier_error(name, e))?;
         }
-        let roll_over: &Xdp = ebpf.program(layout.epoch_program()).unwrap().try_into()?;
+        let roll_over: &Xdp = ebpf.program(layout.flow_program()).unwrap().try_into()?;
         let roll_over = roll_over.fd()?.try_clone().context("duplicating the epoch program's descriptor")?;
-        ProgramArray::try_from(ebpf.map_mut(maps::PIRATE_EPOCH).unwrap())?
+        ProgramArray::try_from(ebpf.map_mut(maps::PIRATE_FLOW).unwrap())?
             .set(0, &roll_over, 0)
-            .context("filling PIRATE_EPOCH")?;
+            .context("filling PIRATE_FLOW")?;
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
-        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, epoch, pins: None, attached_mode: "none" };
+        let table =
+            FlowTable::map(table_map(ebpf.map(layout.flows_map()).unwrap())?).context("mapping the flow table")?;
+        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, table, epoch, pins: None, attached_mode: "none" };
         dp.chain_pirate(true)?;
         Ok(dp)
     }
@@ -222,7 +234,7 @@ impl Datapath {
     /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
     /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
     pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
-        [ROOT, self.layout.program(), self.layout.epoch_program()]
+        [ROOT, self.layout.program(), self.layout.flow_program()]
             .into_iter()
             .map(|name| {
                 let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;
@@ -260,7 +272,8 @@ impl Datapath {
 
     /// The kernel's memlock accounting of the flow table, in bytes.
     pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
-        memlock_of_fd(self.flows()?.fd().as_fd().as_raw_fd())
+        let map = table_map(self.ebpf.map(self.layout.flows_map()).unwrap())?;
+        memlock_of_fd(map.fd().as_fd().as_raw_fd())
     }
 
     /// Size of `pirate`'s hand-over ring buffer, in bytes.
@@ -268,9 +281,9 @@ impl Datapath {
         self.ring_bytes as u64
     }
 
-    /// `pirate`'s flow table (the configured layout's).
-    pub fn flows(&self) -> anyhow::Result<&MapData> {
-        map_data(self.ebpf.map(self.layout.flows_map()).unwrap())
+    /// `pirate`'s flow table (the configured layout's), mapped.
+    pub fn table(&self) -> &FlowTable {
+        &self.table
     }
 
     /// Takes map `name` out of the datapath, for the one reader that consumes it (a ring buffer).
@@ -361,10 +374,11 @@ fn ring_size(flows: usize, layout: Layout) -> u32 {
     (flows * (layout.record_size() + 8)).clamp(4096, MAX_RING_BYTES).next_power_of_two() as u32
 }
 
-fn map_data(map: &Map) -> anyhow::Result<&MapData> {
+/// A flow table's map (an array of sets).
+fn table_map(map: &Map) -> anyhow::Result<&MapData> {
     match map {
-        Map::LruHashMap(d) | Map::HashMap(d) => Ok(d),
-        _ => bail!("not a hash map"),
+        Map::Array(d) => Ok(d),
+        _ => bail!("the flow table is not an array: pirated and its XDP object were built apart"),
     }
 }
 

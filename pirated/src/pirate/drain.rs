@@ -1,6 +1,6 @@
 //! `pirate`'s closed epoch, read out of the kernel: the flows the datapath handed over through
-//! the ring buffer since the epoch flip, and the rest from the flow table. Never writes to live
-//! state.
+//! the ring buffer since the epoch flip, and the rest from the flow table, read in place. Never
+//! writes to live state; it deletes from `V6_NAMES` the IPv6 addresses it has learned.
 
 use std::{
     collections::HashMap,
@@ -9,40 +9,42 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
-    key::FlowKey,
+    key::{FlowId, FlowKey, FAMILY_V6},
     maps,
-    pirate::{
-        flow::{EpochRecord, FlowState},
-        layout::Layout,
-    },
+    pirate::{flow::EpochRecord, layout::Layout, table::WAYS},
     with_modes,
 };
 
 use super::flow::FlowEpoch;
-use crate::datapath::{map_batch, Datapath};
+use crate::datapath::{table::FlowTable, Datapath};
 
 /// What one drain found.
 pub struct Drained {
     /// Flows that had packets in the closed epoch.
     pub flows: Vec<FlowEpoch>,
-    /// Entries in the flow table (active or not).
+    /// Flows in the flow table (active or not).
     pub tracked: usize,
     /// Copies dropped as torn (read while the datapath rewrote them).
     pub inconsistent: usize,
+    /// IPv6 flows left out because their addresses never reached pirated (`V6_NAMES` full).
+    pub unnamed: usize,
 }
 
-/// The hand-over ring buffer of finished flow epochs, pirated's alone to consume.
+/// What pirated alone consumes of `pirate`'s maps: the hand-over ring buffer, and the IPv6
+/// addresses of the flows in the table.
 pub struct Records {
     ring: RingBuf<MapData>,
     layout: Layout,
+    names: Names,
 }
 
 impl Records {
     pub fn take(dp: &mut Datapath) -> anyhow::Result<Records> {
         let ring = RingBuf::try_from(dp.take_map(maps::RECORDS)?)?;
-        Ok(Records { ring, layout: dp.layout() })
+        let fresh = BpfHashMap::try_from(dp.take_map(maps::V6_NAMES)?)?;
+        Ok(Records { ring, layout: dp.layout(), names: Names { fresh, known: HashMap::new() } })
     }
 
     /// The descriptor to wait for records on.
@@ -63,37 +65,92 @@ impl Records {
     pub fn drain(&mut self, dp: &Datapath, closed: u32) -> anyhow::Result<Drained> {
         // Let packets already inside the program under the old epoch finish.
         std::thread::sleep(Duration::from_millis(1));
-        with_modes!(self.layout, M => drain::<M>(dp.flows()?, &mut self.ring, closed))
+        self.names.learn(closed)?;
+        with_modes!(self.layout, M => drain::<M>(dp.table(), &mut self.ring, &mut self.names, closed))
     }
 }
 
-fn drain<const M: usize>(table: &MapData, ring: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Drained>
-where
-    FlowState<M>: aya::Pod,
-{
-    let mut flows = Vec::new();
-    let mut tracked = 0;
-    map_batch::for_each::<FlowKey, FlowState<M>>(table, |key, state| {
-        tracked += 1;
-        if state.measured(closed) {
-            flows.push(FlowEpoch::from_state(*key, state));
+/// IPv6 flows' addresses by id: learned from `V6_NAMES` (and deleted there), kept while their
+/// flow is in the table.
+struct Names {
+    fresh: BpfHashMap<MapData, FlowId, [u8; 32]>,
+    /// The addresses, and the drain that last learned or needed them.
+    known: HashMap<FlowId, ([u8; 32], u32)>,
+}
+
+impl Names {
+    /// Takes the addresses the datapath wrote since the last drain (`stamp`: this one's epoch).
+    fn learn(&mut self, stamp: u32) -> anyhow::Result<()> {
+        let fresh: Vec<(FlowId, [u8; 32])> = self.fresh.iter().collect::<Result<_, _>>().context("reading V6_NAMES")?;
+        for (id, addrs) in fresh {
+            self.known.insert(id, (addrs, stamp));
+            // Already gone only if another reader took it: nothing to do then.
+            let _ = self.fresh.remove(&id);
         }
-    })
-    .context("reading the flow table")?;
-    // After the scan: a flow reset during the scan handed its state over before the reset, and
-    // its record overrides a copy the scan may have read mid-update.
-    let records: HashMap<FlowKey, FlowEpoch> = take::<M>(ring)?
-        .into_iter()
-        .filter(|rec| rec.state.epoch == closed)
-        .map(|rec| (rec.key, FlowEpoch::from_state(rec.key, &rec.state)))
-        .collect();
-    if !records.is_empty() {
-        flows.retain(|f| !records.contains_key(&f.key));
-        flows.extend(records.into_values());
+        Ok(())
     }
+
+    /// The key of a flow the table holds in drain `stamp`; `None` for an IPv6 flow whose
+    /// addresses never arrived.
+    fn key(&mut self, id: &FlowId, stamp: u32) -> Option<FlowKey> {
+        if id.family != FAMILY_V6 {
+            return id.v4_key();
+        }
+        let (addrs, seen) = self.known.get_mut(id)?;
+        *seen = stamp;
+        let mut key =
+            FlowKey { sport: id.sport, dport: id.dport, proto: id.proto, family: FAMILY_V6, ..FlowKey::default() };
+        key.src.copy_from_slice(&addrs[..16]);
+        key.dst.copy_from_slice(&addrs[16..]);
+        Some(key)
+    }
+
+    /// Forgets the flows neither learned nor found in the table in drain `stamp`.
+    fn forget_all_but(&mut self, stamp: u32) {
+        self.known.retain(|_, (_, seen)| *seen == stamp);
+    }
+}
+
+fn drain<const M: usize>(
+    table: &FlowTable,
+    ring: &mut RingBuf<MapData>,
+    names: &mut Names,
+    closed: u32,
+) -> anyhow::Result<Drained> {
+    let (mut flows, mut tracked, mut unnamed) = (Vec::new(), 0, 0);
+    for i in 0..table.sets() {
+        let set = table.read::<M>(i);
+        for w in 0..WAYS {
+            let (id, state) = (&set.ids[w], &set.states[w]);
+            if id.family == 0 {
+                continue;
+            }
+            tracked += 1;
+            match names.key(id, closed) {
+                Some(key) if state.measured(closed) => flows.push((*id, FlowEpoch::from_state(key, state))),
+                None if state.measured(closed) => unnamed += 1,
+                _ => {}
+            }
+        }
+    }
+    // After the scan: a flow rolled over during the scan handed its state over before the
+    // reset, and its record overrides a copy the scan may have read mid-update.
+    let mut records: HashMap<FlowId, FlowEpoch> = HashMap::new();
+    for rec in take::<M>(ring)?.into_iter().filter(|rec| rec.state.epoch == closed) {
+        match names.key(&rec.id, closed) {
+            Some(key) => _ = records.insert(rec.id, FlowEpoch::from_state(key, &rec.state)),
+            None => unnamed += 1,
+        }
+    }
+    names.forget_all_but(closed);
+    if !records.is_empty() {
+        flows.retain(|(id, _)| !records.contains_key(id));
+        flows.extend(records);
+    }
+    let mut flows: Vec<FlowEpoch> = flows.into_iter().map(|(_, f)| f).collect();
     let before = flows.len();
     flows.retain(FlowEpoch::is_consistent);
-    Ok(Drained { inconsistent: before - flows.len(), flows, tracked })
+    Ok(Drained { inconsistent: before - flows.len(), flows, tracked, unnamed })
 }
 
 /// Every record waiting in the ring buffer.

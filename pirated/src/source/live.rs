@@ -38,7 +38,7 @@ impl Live {
         // Before the table: flows inserted after this read are in the table, not yet counted.
         let counters = self.dp.counters()?;
         let drained = self.records.drain(&self.dp, closed)?;
-        let kernel = Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent };
+        let kernel = Kernel::new(counters, &drained);
         Ok((EpochData { epoch: closed, flows: drained.flows }, kernel))
     }
 }

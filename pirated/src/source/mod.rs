@@ -6,7 +6,7 @@ pub mod replay;
 
 use pirate_common::counters;
 
-use crate::pirate::flow::FlowEpoch;
+use crate::pirate::{drain::Drained, flow::FlowEpoch};
 
 /// One closed epoch, as plain data.
 pub struct EpochData {
@@ -23,4 +23,13 @@ pub struct Kernel {
     pub tracked: usize,
     /// Flow copies dropped as torn (read while the datapath rewrote them).
     pub inconsistent: usize,
+    /// IPv6 flows left out for want of their addresses.
+    pub unnamed: usize,
+}
+
+impl Kernel {
+    /// The counters read before a drain, and what the drain found.
+    pub fn new(counters: [u64; counters::COUNT as usize], drained: &Drained) -> Kernel {
+        Kernel { counters, tracked: drained.tracked, inconsistent: drained.inconsistent, unnamed: drained.unnamed }
+    }
 }

@@ -129,13 +129,13 @@ fn main() -> Result<()> {
         println!("{name:<52} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
     }
     println!(
-        "memory per flow: key+value {} B; kernel memlock / max_entries {:.1} B; hand-over ring {:.1} B",
+        "memory per flow: id+state {} B; kernel memlock / max_flows {:.1} B; hand-over ring {:.1} B",
         dp.layout().entry_size(),
         memlock as f64 / config.max_flows as f64,
         dp.ring_bytes() as f64 / config.max_flows as f64,
     );
     println!(
-        "epoch drain of {tracked} flows: {:.1} ms (BPF_MAP_LOOKUP_BATCH, includes a 1 ms grace period)",
+        "epoch drain of {tracked} flows: {:.1} ms (the table read in place, includes a 1 ms grace period)",
         drain.as_secs_f64() * 1e3
     );
     for (program, walked) in dp.verified_instructions()? {

@@ -65,11 +65,12 @@ pub fn sets_for(flows: u32) -> u32 {
 }
 
 /// The two sets (of `sets`) a flow of hash `hash` may sit in: the hash itself, and the hash
-/// mixed again, each modulo the sets.
+/// mixed again, each scaled into 0..sets by a multiply and a shift (no division: it would cost
+/// the datapath more than the rest of the lookup).
 #[inline(always)]
 pub fn sets_of(hash: u32, sets: u32) -> (u32, u32) {
-    let sets = if sets == 0 { 1 } else { sets };
-    (hash % sets, hash.wrapping_mul(0x85eb_ca6b).rotate_right(15) % sets)
+    let scale = |h: u32| ((h as u64 * sets as u64) >> 32) as u32;
+    (scale(hash), scale(hash.wrapping_mul(0x85eb_ca6b).rotate_right(15)))
 }
 
 #[cfg(test)]

@@ -47,10 +47,12 @@ impl EpochReport {
         compare: bool,
     ) -> EpochReport {
         let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
-        let flows = crate::parallel::map(flows, |flow| {
-            let (paper, batches) = settings.estimate(&flow, paper, batches);
-            FlowResult { flow, paper, batches }
-        });
+        let estimates = crate::parallel::map_ref(&flows, |flow| settings.estimate(flow, paper, batches));
+        let flows: Vec<FlowResult> = flows
+            .into_iter()
+            .zip(estimates)
+            .map(|(flow, (paper, batches))| FlowResult { flow, paper, batches })
+            .collect();
         let servers_of = |which| {
             let quantiles = compare || which == estimator;
             per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))), quantiles)

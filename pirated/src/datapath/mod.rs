@@ -3,6 +3,7 @@
 //! maps the capabilities drain. `table` maps `pirate`'s flow table into the daemon; `test_run` is
 //! the kernel call aya 0.13 lacks.
 
+pub mod memlock;
 pub mod pins;
 pub mod table;
 pub mod test_run;
@@ -91,6 +92,8 @@ impl Datapath {
     fn load_pinned(config: &Config, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
         let layout = Layout::for_modes(config.pirate.modes);
         let ring_bytes = ring_size(config.max_flows as usize, layout);
+        // Before 5.11 the maps count against the locked-memory limit.
+        let memlock = memlock::raise().ok().flatten();
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(dir)
             .set_max_entries(layout.flows_map(), sets_for(config.max_flows))
@@ -102,7 +105,14 @@ impl Datapath {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
                     if io_error.raw_os_error() == Some(libc::EPERM) =>
                 {
-                    anyhow!("creating BPF maps was refused (EPERM): {NEEDS_ROOT}")
+                    match (memlock, memlock::release().map(|r| memlock::charged(&r))) {
+                        (Some(bytes), Ok(true)) => anyhow!(
+                            "creating BPF maps was refused (EPERM): this kernel (before 5.11) charges them to \
+                             the locked-memory limit, {bytes} bytes, which pirated could not raise: run it with \
+                             CAP_SYS_RESOURCE or a higher limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity)"
+                        ),
+                        _ => anyhow!("creating BPF maps was refused (EPERM): {NEEDS_ROOT}"),
+                    }
                 }
                 e => anyhow!(e).context("loading the BPF object"),
             })?;

@@ -108,7 +108,7 @@ impl Metrics {
         registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
         registry.register(
             "flows_evicted",
-            "Flow-table entries the LRU table evicted for newer flows; one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
+            "Flows the flow table evicted for newer ones (the least recently active of the two sets a new flow may take); one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
             m.flows_evicted.clone(),
         );
         registry.register(

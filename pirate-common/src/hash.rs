@@ -10,12 +10,15 @@ pub fn flow_hash(key: &FlowKey) -> u32 {
     const WORDS: usize = size_of::<FlowKey>() / 8;
     // SAFETY: FlowKey is 8-byte aligned, WORDS · 8 bytes long and plain data.
     let words = unsafe { &*(key as *const FlowKey as *const [u64; WORDS]) };
-    let mut h: u64 = 0x5049_5241_5445_4421; // "PIRATED!"
-    for w in words {
-        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        h ^= h >> 29;
-    }
+    let h = words.iter().fold(0x5049_5241_5445_4421, mix); // "PIRATED!"
     (h ^ (h >> 32)) as u32
+}
+
+/// One word multiplied into `h` (a Fibonacci-hashing constant), high bits folded down.
+#[inline(always)]
+fn mix(h: u64, w: &u64) -> u64 {
+    let h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h ^ (h >> 29)
 }
 
 /// An 80-bit digest of an IPv6 key's two addresses (64 bits, then 16 more), for [`FlowId`]: two
@@ -26,13 +29,12 @@ pub fn flow_hash(key: &FlowKey) -> u32 {
 pub fn address_digest(key: &FlowKey) -> (u64, u16) {
     // SAFETY: FlowKey is 8-byte aligned and starts with the two 16-byte addresses.
     let words = unsafe { &*(key as *const FlowKey as *const [u64; 4]) };
-    let (mut a, mut b): (u64, u64) = (0x5049_5241_5445_4436, 0x7631_7265_7365_7276);
-    for w in words {
-        a = (a ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        a ^= a >> 29;
-        b = (b ^ w).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
-        b ^= b >> 31;
-    }
+    let a = words.iter().fold(0x5049_5241_5445_4436, mix);
+    // The 16 more bits from a mix of their own (other constant, other shift).
+    let b = words.iter().fold(0x7631_7265_7365_7276u64, |b, w| {
+        let b = (b ^ w).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        b ^ (b >> 31)
+    });
     (a, b as u16)
 }
 

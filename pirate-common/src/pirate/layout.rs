@@ -79,9 +79,4 @@ impl Layout {
     pub fn entry_size(self) -> usize {
         with_modes!(self, M => size_of::<table::Set<M>>()) / table::WAYS
     }
-
-    /// Bytes of one set of the flow table (the array's value).
-    pub fn set_size(self) -> usize {
-        with_modes!(self, M => size_of::<table::Set<M>>())
-    }
 }

@@ -127,7 +127,7 @@ fn drain<const M: usize>(
             }
             tracked += 1;
             match names.key(id, closed) {
-                Some(key) if state.measured(closed) => flows.push((*id, FlowEpoch::from_state(key, state))),
+                Some(key) if state.measured(closed) => flows.push(FlowEpoch::from_state(key, state)),
                 None if state.measured(closed) => unnamed += 1,
                 _ => {}
             }
@@ -135,19 +135,18 @@ fn drain<const M: usize>(
     }
     // After the scan: a flow rolled over during the scan handed its state over before the
     // reset, and its record overrides a copy the scan may have read mid-update.
-    let mut records: HashMap<FlowId, FlowEpoch> = HashMap::new();
+    let mut records: HashMap<FlowKey, FlowEpoch> = HashMap::new();
     for rec in take::<M>(ring)?.into_iter().filter(|rec| rec.state.epoch == closed) {
         match names.key(&rec.id, closed) {
-            Some(key) => _ = records.insert(rec.id, FlowEpoch::from_state(key, &rec.state)),
+            Some(key) => _ = records.insert(key, FlowEpoch::from_state(key, &rec.state)),
             None => unnamed += 1,
         }
     }
     names.forget_all_but(closed);
     if !records.is_empty() {
-        flows.retain(|(id, _)| !records.contains_key(id));
-        flows.extend(records);
+        flows.retain(|f| !records.contains_key(&f.key));
+        flows.extend(records.into_values());
     }
-    let mut flows: Vec<FlowEpoch> = flows.into_iter().map(|(_, f)| f).collect();
     let before = flows.len();
     flows.retain(FlowEpoch::is_consistent);
     Ok(Drained { inconsistent: before - flows.len(), flows, tracked, unnamed })

@@ -47,7 +47,7 @@ impl EpochReport {
         compare: bool,
     ) -> EpochReport {
         let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
-        let estimates = crate::parallel::map_ref(&flows, |flow| settings.estimate(flow, paper, batches));
+        let estimates = crate::parallel::map(&flows, |flow| settings.estimate(flow, paper, batches));
         let flows: Vec<FlowResult> = flows
             .into_iter()
             .zip(estimates)

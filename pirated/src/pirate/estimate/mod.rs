@@ -117,8 +117,9 @@ pub fn per_server<'a>(
             a.spans.extend(spans(&flow.modes, est));
         }
     }
-    crate::parallel::map(acc.into_iter().collect(), |(server, a)| ServerEstimate {
-        server,
+    let acc: Vec<(SocketAddr, Acc)> = acc.into_iter().collect();
+    crate::parallel::map(&acc, |(server, a)| ServerEstimate {
+        server: *server,
         estimate_ns: a.kept_ns as f64 / a.batches as f64,
         flows: a.flows,
         batches: a.batches,

@@ -22,7 +22,8 @@ use crate::{
     metrics::Metrics,
     pirate::{
         estimate::{Estimator, Settings},
-        report::EpochReport,
+        flow::FlowEpoch,
+        report::{EpochReport, Estimates},
     },
     source::{live::Live, replay, EpochData},
 };
@@ -41,16 +42,18 @@ impl Pipeline {
         Pipeline { settings: config.estimation(), estimator: config.pirate.estimator, compare }
     }
 
-    /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime).
-    pub fn run(&self, data: EpochData) -> EpochReport {
-        EpochReport::new(data.epoch, data.flows, &self.settings, self.estimator, self.compare)
+    /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime), into
+    /// `estimates`' memory (the last epoch's, or a new vector).
+    pub fn run(&self, data: EpochData, estimates: Vec<Estimates>) -> EpochReport {
+        EpochReport::new(data.epoch, data.flows, estimates, &self.settings, self.estimator, self.compare)
     }
 }
 
 /// `pirated replay`: every epoch of the capture at `path`, as JSON lines on `out`.
 pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
     let pipeline = Pipeline::new(config, true);
-    let reports: Vec<EpochReport> = replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e)).collect();
+    let reports: Vec<EpochReport> =
+        replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e, Vec::new())).collect();
     for r in &reports {
         r.write_json(out)?;
     }
@@ -84,6 +87,8 @@ pub async fn run(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
     tokio::pin!(shutdown);
+    // The last epoch's per-flow vectors, filled again by the next.
+    let (mut flows, mut estimates): (Vec<FlowEpoch>, Vec<Estimates>) = Default::default();
     loop {
         let stopping = tokio::select! {
             _ = tick.tick() => false,
@@ -96,7 +101,7 @@ pub async fn run(
             }
         };
         let started = Instant::now();
-        let (data, kernel) = live.close_epoch()?;
+        let (data, kernel) = live.close_epoch(std::mem::take(&mut flows))?;
         if kernel.unnamed > 0 {
             warn!(count = kernel.unnamed, "left out IPv6 flows whose addresses never arrived (V6_NAMES full)");
         }
@@ -104,7 +109,7 @@ pub async fn run(
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
         let (report, text) = tokio::task::spawn_blocking(move || {
-            let report = pipeline.run(data);
+            let report = pipeline.run(data, std::mem::take(&mut estimates));
             let mut text = Vec::new();
             let written = if json { report.write_json(&mut text) } else { Ok(()) };
             written.map(|()| (report, text))
@@ -129,5 +134,6 @@ pub async fn run(
             }
             return Ok(());
         }
+        (flows, estimates) = report.into_buffers();
     }
 }

@@ -61,12 +61,12 @@ impl Records {
 
     /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
     /// the flip handed their state over through the ring buffer; the others still hold it in the
-    /// table.
-    pub fn drain(&mut self, dp: &Datapath, closed: u32) -> anyhow::Result<Drained> {
+    /// table. The flows are written into `flows`' memory (what it held is dropped).
+    pub fn drain(&mut self, dp: &Datapath, closed: u32, flows: Vec<FlowEpoch>) -> anyhow::Result<Drained> {
         // Let packets already inside the program under the old epoch finish.
         std::thread::sleep(Duration::from_millis(1));
         self.names.learn(closed)?;
-        with_modes!(self.layout, M => drain::<M>(dp.table(), &mut self.ring, &mut self.names, closed))
+        with_modes!(self.layout, M => drain::<M>(dp.table(), &mut self.ring, &mut self.names, closed, flows))
     }
 }
 
@@ -116,8 +116,10 @@ fn drain<const M: usize>(
     ring: &mut RingBuf<MapData>,
     names: &mut Names,
     closed: u32,
+    mut flows: Vec<FlowEpoch>,
 ) -> anyhow::Result<Drained> {
-    let (mut flows, mut tracked, mut unnamed) = (Vec::new(), 0, 0);
+    flows.clear();
+    let (mut tracked, mut unnamed) = (0, 0);
     for i in 0..table.sets() {
         let set = table.read::<M>(i);
         for w in 0..WAYS {

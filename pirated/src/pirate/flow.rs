@@ -1,35 +1,83 @@
 //! A flow's finished epoch as plain data: what the datapath hands over (from either state
 //! layout), what replay produces, and what the estimators read.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::{Deref, DerefMut},
+};
 
 use pirate_common::{
     key::{FlowKey, FAMILY_V4},
     parse::{IPPROTO_TCP, IPPROTO_UDP},
-    pirate::{batch_break::ModeView, flow::FlowState},
+    pirate::{batch_break::ModeView, config::MODES_WIDE, flow::FlowState, modes::Modes},
 };
 
-/// One mode of a flow's gap distribution.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One mode of a flow's gap distribution. Bounds and counts are 32-bit as in the datapath
+/// (bounds below the idle floor, counts saturating per epoch), so that a million flows' modes fit
+/// in memory without a heap allocation each.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Mode {
-    pub min_ns: u64,
-    pub max_ns: u64,
-    pub count: u64,
+    pub min_ns: u32,
+    pub max_ns: u32,
+    pub count: u32,
     /// Marked gaps: after a non-full-size packet, or (TCP, `mark_acked`) across which the client's
     /// acknowledgement number advanced.
-    pub candidates: u64,
+    pub candidates: u32,
     pub sum_ns: u64,
 }
 
 impl Mode {
     /// A mode as drained with every gap marked (tests build modes from dumps this way).
     #[cfg(test)]
-    pub fn all_marked(min_ns: u64, max_ns: u64, count: u64, sum_ns: u64) -> Mode {
+    pub fn all_marked(min_ns: u32, max_ns: u32, count: u32, sum_ns: u64) -> Mode {
         Mode { min_ns, max_ns, count, candidates: count, sum_ns }
     }
 
     pub fn mean_ns(&self) -> f64 {
         self.sum_ns as f64 / self.count.max(1) as f64
+    }
+}
+
+/// A flow's modes, ascending, held in place (at most the wide layout's count).
+#[derive(Clone, Copy, Default, PartialEq)]
+pub struct ModeList {
+    len: u8,
+    modes: [Mode; MODES_WIDE],
+}
+
+impl ModeList {
+    /// Appends `m`. Panics past `MODES_WIDE`: no layout holds more.
+    pub fn push(&mut self, m: Mode) {
+        self.modes[self.len as usize] = m;
+        self.len += 1;
+    }
+}
+
+impl Deref for ModeList {
+    type Target = [Mode];
+    fn deref(&self) -> &[Mode] {
+        &self.modes[..self.len as usize]
+    }
+}
+
+impl DerefMut for ModeList {
+    fn deref_mut(&mut self) -> &mut [Mode] {
+        &mut self.modes[..self.len as usize]
+    }
+}
+
+impl FromIterator<Mode> for ModeList {
+    fn from_iter<I: IntoIterator<Item = Mode>>(iter: I) -> ModeList {
+        let mut list = ModeList::default();
+        iter.into_iter().for_each(|m| list.push(m));
+        list
+    }
+}
+
+impl fmt::Debug for ModeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -41,25 +89,27 @@ impl ModeView for ModeSlice<'_> {
         self.0.len()
     }
     fn count(&self, i: usize) -> u64 {
-        self.0[i].count
+        self.0[i].count as u64
     }
     fn mean_ns(&self, i: usize) -> u64 {
-        self.0[i].sum_ns.checked_div(self.0[i].count).unwrap_or(0)
+        self.0[i].sum_ns.checked_div(self.0[i].count as u64).unwrap_or(0)
     }
     fn min_ns(&self, i: usize) -> u64 {
-        self.0[i].min_ns
+        self.0[i].min_ns as u64
     }
     fn max_ns(&self, i: usize) -> u64 {
-        self.0[i].max_ns
+        self.0[i].max_ns as u64
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlowEpoch {
     pub key: FlowKey,
     pub epoch: u32,
-    /// Ascending by `min_ns`.
-    pub modes: Vec<Mode>,
+    /// The modes as the datapath keeps them (10 bytes each), in the wide layout's arrays:
+    /// [`FlowEpoch::modes`] decodes them where they are read, so that a million flows' epochs
+    /// take a fixed 216 bytes each and no allocation.
+    codes: Modes<MODES_WIDE>,
     pub discarded: u64,
     /// Gaps at or above the idle floor (not in the modes).
     pub idle_gaps: u64,
@@ -73,25 +123,18 @@ pub struct FlowEpoch {
 
 impl FlowEpoch {
     pub fn from_state<const M: usize>(key: FlowKey, st: &FlowState<M>) -> FlowEpoch {
-        let m = &st.modes;
+        let (m, mut codes) = (&st.modes, Modes::new());
+        let used = m.used();
+        codes.lo[..used].copy_from_slice(&m.lo[..used]);
+        codes.hi[..used].copy_from_slice(&m.hi[..used]);
+        codes.count[..used].copy_from_slice(&m.count[..used]);
+        codes.candidates[..used].copy_from_slice(&m.candidates[..used]);
+        codes.mean[..used].copy_from_slice(&m.mean[..used]);
+        codes.len = used as u8;
         FlowEpoch {
             key,
             epoch: st.epoch,
-            modes: (0..m.used())
-                .map(|i| {
-                    let (lo, hi) = m.bounds(i);
-                    let count = m.count[i] as u64;
-                    // The mean is kept in 1/65536ths of the width above lo.
-                    let above = (count as u128 * m.mean[i] as u128 * (hi - lo) as u128 + (1 << 15)) >> 16;
-                    Mode {
-                        min_ns: lo as u64,
-                        max_ns: hi as u64,
-                        count,
-                        candidates: m.candidates[i] as u64,
-                        sum_ns: count * lo as u64 + above as u64,
-                    }
-                })
-                .collect(),
+            codes,
             discarded: m.discarded as u64,
             idle_gaps: st.idle_gaps as u64,
             packets: st.packets(),
@@ -101,11 +144,32 @@ impl FlowEpoch {
         }
     }
 
+    /// The modes, ascending by `min_ns`.
+    pub fn modes(&self) -> ModeList {
+        let m = &self.codes;
+        (0..m.used())
+            .map(|i| {
+                let (lo, hi) = m.bounds(i);
+                let count = m.count[i] as u32;
+                // The mean is kept in 1/65536ths of the width above lo.
+                let above = (count as u128 * m.mean[i] as u128 * (hi - lo) as u128 + (1 << 15)) >> 16;
+                Mode {
+                    min_ns: lo,
+                    max_ns: hi,
+                    count,
+                    candidates: m.candidates[i] as u32,
+                    sum_ns: count as u64 * lo as u64 + above as u64,
+                }
+            })
+            .collect()
+    }
+
     /// Whether the modes are internally consistent: a copy read while the datapath rewrote
     /// the entry may not be.
     pub fn is_consistent(&self) -> bool {
-        self.modes.iter().all(|m| m.min_ns <= m.max_ns && m.count > 0 && m.candidates <= m.count)
-            && self.modes.windows(2).all(|w| w[0].max_ns < w[1].min_ns)
+        let modes = self.modes();
+        modes.iter().all(|m| m.min_ns <= m.max_ns && m.count > 0 && m.candidates <= m.count)
+            && modes.windows(2).all(|w| w[0].max_ns < w[1].min_ns)
     }
 }
 
@@ -139,7 +203,7 @@ mod tests {
     use pirate_common::{
         pirate::batch_break::{find, gaps, kept, BreakRules},
         pirate::config::MODES_WIDE,
-        pirate::modes::{Epsilon, Modes},
+        pirate::modes::Epsilon,
     };
 
     use super::*;
@@ -173,15 +237,15 @@ mod tests {
             st.modes.insert(g, true, EPS, MODES_WIDE as u32);
         }
         let kernel: &Modes<MODES_WIDE> = &st.modes;
-        let epoch = FlowEpoch::from_state(FlowKey::default(), &st);
-        let records = ModeSlice(&epoch.modes);
+        let modes = FlowEpoch::from_state(FlowKey::default(), &st).modes();
+        let records = ModeSlice(&modes);
         let floor = 200_000_000;
         let (k, r) = (kept::<_, MODES_WIDE>(kernel, floor), kept::<_, MODES_WIDE>(&records, floor));
         assert_eq!(k, r);
         let total = gaps::<_, MODES_WIDE>(kernel, k);
         assert_eq!(total, gaps::<_, MODES_WIDE>(&records, r));
         let found = find::<_, MODES_WIDE>(kernel, k, total, &rules);
-        assert!(found.is_some(), "{:?}", epoch.modes);
+        assert!(found.is_some(), "{modes:?}");
         assert_eq!(found, find::<_, MODES_WIDE>(&records, r, total, &rules));
     }
 }

@@ -145,7 +145,7 @@ impl Metrics {
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
             self.server_batches.get_or_create(&label).inc_by(s.batches);
         }
-        for e in report.flows.iter().filter_map(|r| r.estimate(report.estimator)) {
+        for e in report.flow_estimates() {
             self.flow_latency.observe(e.estimate_ns / 1e9);
         }
         self.flows_tracked.set(kernel.tracked as i64);

@@ -9,15 +9,15 @@ use crate::pirate::{
     flow::{client, proto_name, server, FlowEpoch},
 };
 
-/// One flow's epoch with both estimators' results.
-pub struct FlowResult {
-    pub flow: FlowEpoch,
+/// One flow's figures from each estimator (`None`: not asked for, or no figure).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Estimates {
     pub paper: Option<FlowEstimate>,
     pub batches: Option<FlowEstimate>,
 }
 
-impl FlowResult {
-    pub fn estimate(&self, which: Estimator) -> Option<&FlowEstimate> {
+impl Estimates {
+    pub fn of(&self, which: Estimator) -> Option<&FlowEstimate> {
         match which {
             Estimator::Paper => self.paper.as_ref(),
             Estimator::Batches => self.batches.as_ref(),
@@ -29,7 +29,9 @@ pub struct EpochReport {
     pub epoch: u32,
     /// The estimator the headline figures (`estimate_ns`, the metrics) come from.
     pub estimator: Estimator,
-    pub flows: Vec<FlowResult>,
+    pub flows: Vec<FlowEpoch>,
+    /// Each flow's figures, in the order of `flows`.
+    pub estimates: Vec<Estimates>,
     /// Per server, from each estimator (the selected one's is `servers()`).
     pub servers_paper: Vec<ServerEstimate>,
     pub servers_batches: Vec<ServerEstimate>,
@@ -38,27 +40,33 @@ pub struct EpochReport {
 impl EpochReport {
     /// Estimates every flow of the epoch, on every CPU, and aggregates them per server. Only the
     /// configured estimator, unless `compare` (for the JSON lines, which carry both: they cost as
-    /// much again).
+    /// much again). The estimates are written into `estimates`' memory.
     pub fn new(
         epoch: u32,
         flows: Vec<FlowEpoch>,
+        mut estimates: Vec<Estimates>,
         settings: &Settings,
         estimator: Estimator,
         compare: bool,
     ) -> EpochReport {
         let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
-        let estimates = crate::parallel::map(&flows, |flow| settings.estimate(flow, paper, batches));
-        let flows: Vec<FlowResult> = flows
-            .into_iter()
-            .zip(estimates)
-            .map(|(flow, (paper, batches))| FlowResult { flow, paper, batches })
-            .collect();
+        crate::parallel::map_into(&flows, &mut estimates, |flow| {
+            let (paper, batches) = settings.estimate(flow.key.proto, &flow.modes(), paper, batches);
+            Estimates { paper, batches }
+        });
         let servers_of = |which| {
             let quantiles = compare || which == estimator;
-            per_server(flows.iter().filter_map(|r| r.estimate(which).map(|e| (&r.flow, e))), quantiles)
+            per_server(flows.iter().zip(&estimates).filter_map(|(f, e)| Some((f, e.of(which)?))), quantiles)
         };
         let (servers_paper, servers_batches) = (servers_of(Estimator::Paper), servers_of(Estimator::Batches));
-        EpochReport { epoch, estimator, flows, servers_paper, servers_batches }
+        EpochReport { epoch, estimator, flows, estimates, servers_paper, servers_batches }
+    }
+
+    /// The per-flow vectors, for the next epoch to fill: a million flows' worth is hundreds of
+    /// MiB, which the allocator would otherwise hand back to the kernel and fault in again,
+    /// zeroed, every epoch.
+    pub fn into_buffers(self) -> (Vec<FlowEpoch>, Vec<Estimates>) {
+        (self.flows, self.estimates)
     }
 
     /// Per server, from the selected estimator.
@@ -69,17 +77,21 @@ impl EpochReport {
         }
     }
 
+    /// The selected estimator's per-flow figures.
+    pub fn flow_estimates(&self) -> impl Iterator<Item = &FlowEstimate> {
+        self.estimates.iter().filter_map(|e| e.of(self.estimator))
+    }
+
     pub fn discarded(&self) -> u64 {
-        self.flows.iter().map(|r| r.flow.discarded).sum()
+        self.flows.iter().map(|f| f.discarded).sum()
     }
 
     /// One JSON line per flow (ordered by flow key), then one per server.
     pub fn write_json(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let mut order: Vec<&FlowResult> = self.flows.iter().collect();
-        order.sort_unstable_by_key(|r| r.flow.key);
-        for r in order {
-            let f = &r.flow;
-            let est = r.estimate(self.estimator);
+        let mut order: Vec<(&FlowEpoch, &Estimates)> = self.flows.iter().zip(&self.estimates).collect();
+        order.sort_unstable_by_key(|(f, _)| f.key);
+        for (f, r) in order {
+            let est = r.of(self.estimator);
             let line = FlowLine {
                 kind: "flow",
                 epoch: self.epoch,
@@ -96,7 +108,11 @@ impl EpochReport {
                 causal_mean_ns: (f.samples > 0).then(|| f.samples_sum_ns / f.samples),
                 batch_gap_ns: (f.batch_gap_ns > 0).then_some(f.batch_gap_ns),
                 packets: f.packets,
-                modes: f.modes.iter().map(|m| [m.min_ns, m.max_ns, m.count, m.candidates, m.sum_ns]).collect(),
+                modes: f
+                    .modes()
+                    .iter()
+                    .map(|m| [m.min_ns as u64, m.max_ns as u64, m.count as u64, m.candidates as u64, m.sum_ns])
+                    .collect(),
                 discarded: f.discarded,
                 idle_gaps: f.idle_gaps,
             };

@@ -3,7 +3,10 @@
 use std::os::fd::RawFd;
 
 use super::{EpochData, Kernel};
-use crate::{datapath::Datapath, pirate::drain::Records};
+use crate::{
+    datapath::Datapath,
+    pirate::{drain::Records, flow::FlowEpoch},
+};
 
 pub struct Live {
     dp: Datapath,
@@ -29,15 +32,15 @@ impl Live {
         self.records.discard().map(drop)
     }
 
-    /// Moves the datapath on to the next epoch and reads the one it closed, with what the
-    /// datapath counted.
-    pub fn close_epoch(&mut self) -> anyhow::Result<(EpochData, Kernel)> {
+    /// Moves the datapath on to the next epoch and reads the one it closed (into `flows`'
+    /// memory), with what the datapath counted.
+    pub fn close_epoch(&mut self, flows: Vec<FlowEpoch>) -> anyhow::Result<(EpochData, Kernel)> {
         let closed = self.epoch;
         self.epoch = closed.wrapping_add(1);
         self.dp.set_epoch(self.epoch)?;
         // Before the table: flows inserted after this read are in the table, not yet counted.
         let counters = self.dp.counters()?;
-        let drained = self.records.drain(&self.dp, closed)?;
+        let drained = self.records.drain(&self.dp, closed, flows)?;
         let kernel = Kernel::new(counters, &drained);
         Ok((EpochData { epoch: closed, flows: drained.flows }, kernel))
     }

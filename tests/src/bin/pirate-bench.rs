@@ -102,7 +102,7 @@ fn main() -> Result<()> {
     }
     // The epoch drain over the full table (pirated does this once per epoch).
     let started = std::time::Instant::now();
-    let tracked = Records::take(&mut dp)?.drain(&dp, 0)?.tracked;
+    let tracked = Records::take(&mut dp)?.drain(&dp, 0, Vec::new())?.tracked;
     let drain = started.elapsed();
 
     let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;

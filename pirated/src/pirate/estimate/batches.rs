@@ -17,7 +17,7 @@ use pirate_common::{
     pirate::config::MODES_WIDE,
 };
 
-use super::FlowEstimate;
+use super::{Ends, FlowEstimate};
 use crate::pirate::flow::{Mode, ModeSlice};
 
 #[derive(Clone, Copy, Debug)]
@@ -50,8 +50,8 @@ pub fn with_break(modes: &[Mode], b: &Break) -> (Option<FlowEstimate>, bool) {
     let kept = kept(modes, b);
     let total = batch_break::gaps::<_, MODES_WIDE>(&ModeSlice(kept), kept.len());
     let threshold = break_at(kept, total, b);
-    let first = kept.partition_point(|m| m.min_ns < threshold);
-    (estimate(kept, (first..kept.len()).map(|i| (i, kept[i].count)).collect()), threshold > 0)
+    let first = kept.partition_point(|m| (m.min_ns as u64) < threshold);
+    (estimate(kept, Ends::all(first..kept.len())), threshold > 0)
 }
 
 /// The mean time between batch starts when the modes' marks say which gaps held a response:
@@ -59,7 +59,7 @@ pub fn with_break(modes: &[Mode], b: &Break) -> (Option<FlowEstimate>, bool) {
 /// their length. Read off the modes as they are: marks need no break.
 pub fn marked(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     let kept = kept(modes, b);
-    estimate(kept, kept.iter().enumerate().map(|(i, m)| (i, m.candidates)).filter(|e| e.1 > 0).collect())
+    estimate(kept, Ends::marked(kept))
 }
 
 /// The modes below the idle floor.
@@ -67,8 +67,8 @@ fn kept<'a>(modes: &'a [Mode], b: &Break) -> &'a [Mode] {
     &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)]
 }
 
-fn estimate(kept: &[Mode], ends: Vec<(usize, u64)>) -> Option<FlowEstimate> {
-    let batches: u64 = ends.iter().map(|e| e.1).sum();
+fn estimate(kept: &[Mode], ends: Ends) -> Option<FlowEstimate> {
+    let batches: u64 = ends.of(kept).map(|e| e.1).sum();
     let kept_ns: u64 = kept.iter().map(|m| m.sum_ns).sum();
     (batches > 0).then(|| FlowEstimate { estimate_ns: kept_ns as f64 / batches as f64, batches, kept_ns, ends })
 }
@@ -81,7 +81,9 @@ fn break_at(kept: &[Mode], total: u64, b: &Break) -> u64 {
     }
     let found = batch_break::find::<_, MODES_WIDE>(&ModeSlice(kept), kept.len(), total, &b.rules);
     let time = |modes: &[Mode]| modes.iter().map(|m| m.sum_ns).sum::<u64>() as f64;
-    let holds = |at: u64| time(&kept[kept.partition_point(|m| m.min_ns < at)..]) >= b.min_upper_time_share * time(kept);
+    let holds = |at: u64| {
+        time(&kept[kept.partition_point(|m| (m.min_ns as u64) < at)..]) >= b.min_upper_time_share * time(kept)
+    };
     found.map(|b| b.upper_min_ns).filter(|&at| holds(at)).unwrap_or(0)
 }
 
@@ -89,9 +91,9 @@ fn break_at(kept: &[Mode], total: u64, b: &Break) -> u64 {
 mod tests {
     use super::*;
 
-    fn mode(mean_us: f64, spread: f64, count: u64) -> Mode {
+    fn mode(mean_us: f64, spread: f64, count: u32) -> Mode {
         let ns = mean_us * 1000.0;
-        let (min_ns, max_ns) = ((ns * (1.0 - spread)) as u64, (ns * (1.0 + spread)) as u64);
+        let (min_ns, max_ns) = ((ns * (1.0 - spread)) as u32, (ns * (1.0 + spread)) as u32);
         Mode::all_marked(min_ns, max_ns, count, (ns * count as f64) as u64)
     }
 
@@ -115,12 +117,13 @@ mod tests {
         let mut slow = mode(3_500.0, 0.0, 1);
         assert_eq!(batch_count_mean(&[fast, slow], &BREAK).unwrap().batches, 1);
         let est = marked(&[fast, slow], &BREAK).unwrap();
-        assert_eq!((est.batches, est.ends.clone()), (31, vec![(0, 30), (1, 1)]));
+        let ends = |est: FlowEstimate, modes: &[Mode]| est.ends.of(modes).collect::<Vec<_>>();
+        assert_eq!((est.batches, ends(est, &[fast, slow])), (31, vec![(0, 30), (1, 1)]));
         // Pipelined requests (unmarked) inside a mode of responses count as time only.
         fast.candidates = 10;
         slow.candidates = 0;
         let est = marked(&[fast, slow], &BREAK).unwrap();
-        assert_eq!((est.batches, est.ends), (10, vec![(0, 10)]));
+        assert_eq!((est.batches, ends(est, &[fast, slow])), (10, vec![(0, 10)]));
     }
 
     #[test]

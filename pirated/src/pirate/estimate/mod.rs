@@ -6,14 +6,14 @@ pub mod chains;
 pub mod paper;
 pub mod quantile;
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::{collections::BTreeMap, net::SocketAddr, ops::Range};
 
 use serde::{Deserialize, Serialize};
 
 use chains::Chains;
 use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
 
-use crate::pirate::flow::{server, FlowEpoch};
+use crate::pirate::flow::{server, FlowEpoch, Mode};
 use quantile::{spans, Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
@@ -42,26 +42,27 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// One flow's epoch through the estimators asked for: (paper, batches), `None` for one not
-    /// asked for or without a figure.
+    /// One flow's epoch (its IP protocol and modes) through the estimators asked for: (paper,
+    /// batches), `None` for one not asked for or without a figure.
     pub fn estimate(
         &self,
-        flow: &FlowEpoch,
+        proto: u8,
+        modes: &[Mode],
         paper: bool,
         batches: bool,
     ) -> (Option<FlowEstimate>, Option<FlowEstimate>) {
-        let chains = Chains::new(&flow.modes, self.epsilon);
-        let on_chains = |est: Option<FlowEstimate>| est.map(|e| chains.expand(e, &flow.modes));
+        let chains = Chains::new(modes, self.epsilon);
+        let on_chains = |est: Option<FlowEstimate>| est.map(|e| chains.expand(e));
         let b = &self.batches;
         let batches = match batches {
             false => None,
-            true if self.acked_marks && flow.key.proto == IPPROTO_TCP => batches::marked(&flow.modes, b),
+            true if self.acked_marks && proto == IPPROTO_TCP => batches::marked(modes, b),
             true => match batches::with_break(&chains.modes, b) {
                 (est, true) => on_chains(est),
                 // Over a long epoch of spread gaps (reordering, loss), the span-capped modes can
                 // fill every interval and chain into one: only the narrow ones still show the
                 // break.
-                (chained, false) => match batches::with_break(&flow.modes, b) {
+                (chained, false) => match batches::with_break(modes, b) {
                     (narrow, true) => narrow,
                     (_, false) => on_chains(chained),
                 },
@@ -72,15 +73,57 @@ impl Settings {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlowEstimate {
     pub estimate_ns: f64,
     /// Batch-to-batch intervals measured (for the paper's estimator: gaps in the IBG mode).
     pub batches: u64,
     /// Total time of the gaps counted (estimate = kept / batches).
     pub kept_ns: u64,
-    /// Where the batch-ending gaps are: (index into the flow's modes, how many of its gaps).
-    pub ends: Vec<(usize, u64)>,
+    /// Where the batch-ending gaps are.
+    pub ends: Ends,
+}
+
+/// Which of a flow's modes hold batch-ending gaps, and how many of each one's gaps end batches:
+/// all of them, or (read off the acknowledgement marks) the marked ones. A bit set, so that an
+/// estimate needs no allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ends {
+    modes: u16,
+    marked: bool,
+}
+
+impl Ends {
+    /// Every gap of the modes in `range`.
+    pub fn all(range: Range<usize>) -> Ends {
+        Ends { modes: range.fold(0, |bits, i| bits | 1 << i), marked: false }
+    }
+
+    /// The marked gaps of every mode that has any.
+    pub fn marked(modes: &[Mode]) -> Ends {
+        let bits = modes.iter().enumerate().filter(|(_, m)| m.candidates > 0).fold(0, |bits, (i, _)| bits | 1 << i);
+        Ends { modes: bits, marked: true }
+    }
+
+    /// (index into `modes`, batch-ending gaps in it), ascending.
+    pub fn of<'a>(&self, modes: &'a [Mode]) -> impl Iterator<Item = (usize, u64)> + 'a {
+        let Ends { modes: bits, marked } = *self;
+        modes
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| bits >> i & 1 == 1)
+            .map(move |(i, m)| (i, if marked { m.candidates } else { m.count } as u64))
+    }
+
+    /// Whether mode `i` holds batch-ending gaps.
+    pub fn has(&self, i: usize) -> bool {
+        self.modes >> i & 1 == 1
+    }
+
+    /// These ends and `other`'s (both of every gap).
+    fn with(self, other: Ends) -> Ends {
+        Ends { modes: self.modes | other.modes, marked: false }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -114,7 +157,7 @@ pub fn per_server<'a>(
         a.batches += est.batches;
         a.flows += 1;
         if quantiles {
-            a.spans.extend(spans(&flow.modes, est));
+            a.spans.extend(spans(&flow.modes(), est));
         }
     }
     let acc: Vec<(SocketAddr, Acc)> = acc.into_iter().collect();
@@ -131,6 +174,7 @@ pub fn per_server<'a>(
 mod tests {
     use pirate_common::{
         key::FlowKey,
+        parse::IPPROTO_UDP,
         pirate::{config::MODES_COMPACT, flow::FlowState},
     };
 
@@ -163,10 +207,11 @@ mod tests {
             let mut st = FlowState::<MODES_COMPACT>::new(1);
             gaps.iter().for_each(|&g| _ = st.modes.insert(g, false, eps, MODES_COMPACT as u32));
             let flow = FlowEpoch::from_state(FlowKey::default(), &st);
-            let (paper, batches) = Settings { epsilon: eps, ..settings }.estimate(&flow, true, true);
+            let modes = flow.modes();
+            let (paper, batches) = Settings { epsilon: eps, ..settings }.estimate(0, &modes, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
             let p99 = per_server([(&flow, &batches)], true)[0].quantiles[2].estimate_ns;
-            (flow.modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
+            (modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
         };
         let (alg2, capped) = (measure(0), measure(settings.epsilon.span));
         assert!(capped.0 > alg2.0, "the cap made no more modes: {alg2:?} {capped:?}");
@@ -195,7 +240,7 @@ mod tests {
     /// it below 4.17 ms.
     #[test]
     fn the_narrow_modes_give_the_break_when_the_chains_join_into_one() {
-        let drained: [(u64, u64, u64, u64); 9] = [
+        let drained: [(u32, u32, u32, u64); 9] = [
             (6_609, 329_158, 290, 15_356_160),
             (358_442, 1_089_026, 76, 75_671_520),
             (1_095_056, 4_163_191, 17, 39_985_248),
@@ -212,19 +257,8 @@ mod tests {
             .collect();
         let settings = Config::default().estimation();
         assert_eq!(Chains::new(&modes, settings.epsilon).modes.len(), 1, "one chain");
-        let flow = FlowEpoch {
-            key: FlowKey::default(),
-            epoch: 1,
-            modes: modes.clone(),
-            discarded: 0,
-            idle_gaps: 0,
-            packets: 1_064,
-            samples: 0,
-            samples_sum_ns: 0,
-            batch_gap_ns: 0,
-        };
-        let est = settings.estimate(&flow, true, true).1.unwrap();
-        let ends: u64 = modes[3..].iter().map(|m| m.count).sum();
+        let est = settings.estimate(IPPROTO_UDP, &modes, true, true).1.unwrap();
+        let ends: u64 = modes[3..].iter().map(|m| m.count as u64).sum();
         let kept: u64 = modes.iter().map(|m| m.sum_ns).sum();
         assert_eq!((est.batches, est.kept_ns), (ends, kept), "{est:?}");
     }

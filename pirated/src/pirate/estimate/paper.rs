@@ -2,7 +2,7 @@
 //! mode, and the mean response latency is Σ_{m_i ≤ IBG} Pr(m_i)/Pr(IBG)·m_i — the total of
 //! the gaps up to the IBG over the number of IBG gaps (batches).
 
-use super::FlowEstimate;
+use super::{Ends, FlowEstimate};
 use crate::pirate::flow::Mode;
 
 /// De-noising and heuristics that apply at estimation time.
@@ -25,7 +25,7 @@ pub struct Denoise {
 
 /// The proportional mode sum of one flow's modes (ascending), or `None` if no mode qualifies.
 pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate> {
-    let total: u64 = modes.iter().map(|m| m.count).sum();
+    let total: u64 = modes.iter().map(|m| m.count as u64).sum();
     if total == 0 {
         return None;
     }
@@ -42,17 +42,17 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
     let pick = |need_candidates: bool, min_count: u64| {
         let eligible = |i: &usize| {
             let m = &modes[*i];
-            qualifies(m) && m.count >= min_count && (!need_candidates || m.candidates > 0)
+            qualifies(m) && m.count as u64 >= min_count && (!need_candidates || m.candidates > 0)
         };
         (0..modes.len()).rev().filter(eligible).find_map(|ibg| {
             let kept_ns: u64 = modes[..=ibg].iter().map(|m| m.sum_ns).sum();
-            let batches = modes[ibg].count;
+            let batches = modes[ibg].count as u64;
             let estimate_ns = kept_ns as f64 / batches as f64;
             (estimate_ns < d.idle_floor_ns as f64).then_some(FlowEstimate {
                 estimate_ns,
                 batches,
                 kept_ns,
-                ends: vec![(ibg, batches)],
+                ends: Ends::all(ibg..ibg + 1),
             })
         })
     };
@@ -66,9 +66,9 @@ pub fn proportional_mode_sum(modes: &[Mode], d: &Denoise) -> Option<FlowEstimate
 mod tests {
     use super::*;
 
-    fn mode(mean_us: u64, count: u64, candidates: u64) -> Mode {
+    fn mode(mean_us: u32, count: u32, candidates: u32) -> Mode {
         let ns = mean_us * 1000;
-        Mode { min_ns: ns, max_ns: ns, count, candidates, sum_ns: ns * count }
+        Mode { min_ns: ns, max_ns: ns, count, candidates, sum_ns: ns as u64 * count as u64 }
     }
 
     const PLAIN: Denoise = Denoise {

@@ -69,6 +69,15 @@ impl std::os::fd::AsRawFd for Borrowed {
     }
 }
 
+/// Waits for records in the hand-over ring and drops them: between a drain and the next epoch
+/// flip, every record is stale.
+async fn discard_when_ready(ring: &AsyncFd<Borrowed>, live: &mut Live) -> anyhow::Result<()> {
+    let mut guard = ring.readable().await?;
+    live.discard_stale();
+    guard.clear_ready();
+    Ok(())
+}
+
 /// Runs epochs until `shutdown` resolves; the partial epoch is closed and reported then too, as
 /// replay does.
 pub async fn run(
@@ -93,28 +102,34 @@ pub async fn run(
         let stopping = tokio::select! {
             _ = tick.tick() => false,
             _ = &mut shutdown => true,
-            guard = ring.readable() => {
-                let mut guard = guard?;
-                live.discard_stale()?;
-                guard.clear_ready();
+            ready = discard_when_ready(&ring, live) => {
+                ready?;
                 continue;
             }
         };
         let started = Instant::now();
-        let (data, kernel) = live.close_epoch(std::mem::take(&mut flows))?;
+        let (data, kernel) = live.close_epoch(flows)?;
         if kernel.unnamed > 0 {
             warn!(count = kernel.unnamed, "left out IPv6 flows whose addresses never arrived (V6_NAMES full)");
         }
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
-        let (report, text) = tokio::task::spawn_blocking(move || {
-            let report = pipeline.run(data, std::mem::take(&mut estimates));
+        let work = tokio::task::spawn_blocking(move || {
+            let report = pipeline.run(data, estimates);
             let mut text = Vec::new();
             let written = if json { report.write_json(&mut text) } else { Ok(()) };
             written.map(|()| (report, text))
-        })
-        .await??;
+        });
+        tokio::pin!(work);
+        // Flows go on rolling over meanwhile, and their records are stale: the ring holds only
+        // what a few milliseconds bring.
+        let (report, text) = loop {
+            tokio::select! {
+                done = &mut work => break done??,
+                ready = discard_when_ready(&ring, live) => ready?,
+            }
+        };
         let sent = lines.as_ref().map(|l| l.send(text));
         let mut m = metrics.lock().unwrap();
         m.publish(&report, &kernel);

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod datapath;
 pub mod epoch;
+pub mod histogram;
 pub mod json;
 pub mod metrics;
 pub mod parallel;

@@ -372,16 +372,21 @@ fn layout_tag(config: &Config) -> String {
 }
 
 /// The most a hand-over ring takes: about 860 K compact records (with the kernel's 8-byte header
-/// each). Beyond that many flows touched between an epoch flip and its drain, a flow's finished
-/// epoch is lost, and counted.
+/// each).
 const MAX_RING_BYTES: usize = 256 << 20;
 
-/// Ring buffer size: a power of two of at least one page holding one record per flow, up to
-/// `MAX_RING_BYTES`. Records only accumulate between an epoch flip and the drain that follows;
-/// pirated discards the stale ones as they arrive in between, and one that finds the ring full
-/// is counted (`pirated_epoch_records_lost_total`).
+/// Flows per record the hand-over ring holds.
+const FLOWS_PER_RECORD: usize = 4;
+
+/// Ring buffer size: a power of two of at least one page holding a record for every
+/// `FLOWS_PER_RECORD` flows, up to `MAX_RING_BYTES`. Records pile up only for the few
+/// milliseconds between two reads: the drain reads the ring as it scans the table, and pirated
+/// discards the stale ones as they arrive at any other time. A record that finds the ring full
+/// is counted (`pirated_epoch_records_lost_total`). Its pages count twice in the daemon's
+/// resident memory (the kernel maps them twice, for records that wrap around).
 fn ring_size(flows: usize, layout: Layout) -> u32 {
-    (flows * (layout.record_size() + 8)).clamp(4096, MAX_RING_BYTES).next_power_of_two() as u32
+    (flows.div_ceil(FLOWS_PER_RECORD) * (layout.record_size() + 8)).clamp(4096, MAX_RING_BYTES).next_power_of_two()
+        as u32
 }
 
 /// A flow table's map (an array of sets).
@@ -405,15 +410,17 @@ fn memlock_of_fd(fd: i32) -> anyhow::Result<u64> {
 mod tests {
     use super::*;
 
-    /// The ring holds a record per flow up to its ceiling, so every `max_flows` that `check`
-    /// accepts also loads (the kernel wants a power-of-two number of pages).
+    /// The ring holds a record per `FLOWS_PER_RECORD` flows up to its ceiling, so every
+    /// `max_flows` that `check` accepts also loads (the kernel wants a power-of-two number of
+    /// pages).
     #[test]
-    fn the_ring_holds_a_record_per_flow_up_to_its_ceiling() {
+    fn the_ring_holds_a_record_per_four_flows_up_to_its_ceiling() {
         let record = Layout::Compact.record_size() + 8;
         for flows in [1, 100, 65_536, 1 << 20, 4_000_000, 1 << 24] {
             let bytes = ring_size(flows, Layout::Compact) as usize;
             assert!(bytes.is_power_of_two() && (4096..=MAX_RING_BYTES).contains(&bytes), "{flows}: {bytes}");
-            assert!(bytes >= (flows * record).min(MAX_RING_BYTES), "{flows} flows, {bytes} bytes");
+            let want = flows.div_ceil(FLOWS_PER_RECORD) * record;
+            assert!(bytes >= want.min(MAX_RING_BYTES), "{flows} flows, {bytes} bytes");
         }
     }
 }

@@ -11,9 +11,14 @@ use std::{
 use anyhow::{bail, Context};
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
+    hash::flow_hash,
     key::{FlowId, FlowKey, FAMILY_V6},
     maps,
-    pirate::{flow::EpochRecord, layout::Layout, table::WAYS},
+    pirate::{
+        flow::EpochRecord,
+        layout::Layout,
+        table::{sets_of, WAYS},
+    },
     with_modes,
 };
 
@@ -55,8 +60,8 @@ impl Records {
     /// Drops the records waiting. Between a drain and the next epoch flip every record is stale
     /// (a flow the drain already read from the table, touched again), so pirated empties the
     /// ring as they come and it never fills.
-    pub fn discard(&mut self) -> anyhow::Result<usize> {
-        Ok(with_modes!(self.layout, M => take::<M>(&mut self.ring)?.len()))
+    pub fn discard(&mut self) -> usize {
+        std::iter::from_fn(|| self.ring.next().map(drop)).count()
     }
 
     /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
@@ -119,8 +124,15 @@ fn drain<const M: usize>(
     mut flows: Vec<FlowEpoch>,
 ) -> anyhow::Result<Drained> {
     flows.clear();
-    let (mut tracked, mut unnamed) = (0, 0);
+    let (mut tracked, mut unnamed, mut inconsistent) = (0, 0, 0);
+    // Where each set's flows start in `flows`, for the records to find their flows' copies.
+    let mut starts: Vec<u32> = Vec::with_capacity(table.sets() + 1);
+    let mut records = Vec::new();
     for i in 0..table.sets() {
+        if i % RING_EVERY_SETS == 0 {
+            records.extend(take::<M>(ring, closed)?);
+        }
+        starts.push(flows.len() as u32);
         let set = table.read::<M>(i);
         for w in 0..WAYS {
             let (id, state) = (&set.ids[w], &set.states[w]);
@@ -128,34 +140,47 @@ fn drain<const M: usize>(
                 continue;
             }
             tracked += 1;
-            match names.key(id, closed) {
-                Some(key) if state.measured(closed) => flows.push(FlowEpoch::from_state(key, state)),
-                None if state.measured(closed) => unnamed += 1,
-                _ => {}
+            if !state.measured(closed) {
+                continue;
+            }
+            match names.key(id, closed).map(|key| FlowEpoch::from_state(key, state)) {
+                Some(flow) if flow.is_consistent() => flows.push(flow),
+                Some(_) => inconsistent += 1,
+                None => unnamed += 1,
             }
         }
     }
-    // After the scan: a flow rolled over during the scan handed its state over before the
-    // reset, and its record overrides a copy the scan may have read mid-update.
-    let mut records: HashMap<FlowKey, FlowEpoch> = HashMap::new();
-    for rec in take::<M>(ring)?.into_iter().filter(|rec| rec.state.epoch == closed) {
-        match names.key(&rec.id, closed) {
-            Some(key) => _ = records.insert(key, FlowEpoch::from_state(key, &rec.state)),
-            None => unnamed += 1,
+    starts.push(flows.len() as u32);
+    records.extend(take::<M>(ring, closed)?);
+    // A flow rolled over after the scan read it handed its state over before the reset, and its
+    // record replaces a copy the scan may have read mid-update.
+    let sets = table.sets() as u32;
+    for rec in records {
+        let Some(key) = names.key(&rec.id, closed) else {
+            unnamed += 1;
+            continue;
+        };
+        let flow = FlowEpoch::from_state(key, &rec.state);
+        let (a, b) = sets_of(flow_hash(&key), sets);
+        let copy = [a, b]
+            .into_iter()
+            .flat_map(|s| starts[s as usize] as usize..starts[s as usize + 1] as usize)
+            .find(|&j| flows[j].key == key);
+        match copy {
+            Some(j) => flows[j] = flow,
+            None => flows.push(flow),
         }
     }
     names.forget_all_but(closed);
-    if !records.is_empty() {
-        flows.retain(|f| !records.contains_key(&f.key));
-        flows.extend(records.into_values());
-    }
-    let before = flows.len();
-    flows.retain(FlowEpoch::is_consistent);
-    Ok(Drained { inconsistent: before - flows.len(), flows, tracked, unnamed })
+    Ok(Drained { inconsistent, flows, tracked, unnamed })
 }
 
-/// Every record waiting in the ring buffer.
-fn take<const M: usize>(ring: &mut RingBuf<MapData>) -> anyhow::Result<Vec<EpochRecord<M>>> {
+/// The drain reads the ring buffer every this many sets (a few milliseconds of its scan), so
+/// that the ring need only hold what flows hand over meanwhile.
+const RING_EVERY_SETS: usize = 4096;
+
+/// The records waiting in the ring buffer that hold epoch `closed` (the others are stale).
+fn take<const M: usize>(ring: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Vec<EpochRecord<M>>> {
     let want = size_of::<EpochRecord<M>>();
     let mut out = Vec::new();
     while let Some(item) = ring.next() {
@@ -163,7 +188,10 @@ fn take<const M: usize>(ring: &mut RingBuf<MapData>) -> anyhow::Result<Vec<Epoch
             bail!("a {}-byte hand-over record, not {want}: pirated and its XDP object disagree", item.len());
         }
         // SAFETY: the datapath wrote an EpochRecord<M> (size checked); read unaligned.
-        out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) });
+        let rec = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const EpochRecord<M>) };
+        if rec.state.epoch == closed {
+            out.push(rec);
+        }
     }
     Ok(out)
 }

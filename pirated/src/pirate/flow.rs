@@ -165,11 +165,12 @@ impl FlowEpoch {
     }
 
     /// Whether the modes are internally consistent: a copy read while the datapath rewrote
-    /// the entry may not be.
+    /// the entry may not be. Read off the codes, which order as the bounds they stand for.
     pub fn is_consistent(&self) -> bool {
-        let modes = self.modes();
-        modes.iter().all(|m| m.min_ns <= m.max_ns && m.count > 0 && m.candidates <= m.count)
-            && modes.windows(2).all(|w| w[0].max_ns < w[1].min_ns)
+        let m = &self.codes;
+        let n = m.used();
+        (0..n).all(|i| m.lo[i] <= m.hi[i] && m.count[i] > 0 && m.candidates[i] <= m.count[i])
+            && (1..n).all(|i| m.hi[i - 1] < m.lo[i])
     }
 }
 

@@ -5,19 +5,14 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::Gauge,
-        histogram::{exponential_buckets, Histogram},
-    },
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::exponential_buckets},
     registry::Registry,
 };
 
 use pirate_common::counters;
 
 use super::report::EpochReport;
-use crate::source::Kernel;
+use crate::{histogram::BatchHistogram, source::Kernel};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
@@ -44,7 +39,7 @@ pub struct Metrics {
     server_flows: Family<ServerLabel, Gauge>,
     server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
     server_batches: Family<ServerLabel, Counter>,
-    flow_latency: Histogram,
+    flow_latency: BatchHistogram,
     flows_tracked: Gauge,
     flows_active: Gauge,
     flows_evicted: Counter,
@@ -62,7 +57,7 @@ impl Metrics {
             server_seconds: Family::default(),
             server_batches: Family::default(),
             // 50 µs … ~21.6 s, ×1.5 per bucket.
-            flow_latency: Histogram::new(exponential_buckets(50e-6, 1.5, 33)),
+            flow_latency: BatchHistogram::new(exponential_buckets(50e-6, 1.5, 33)),
             flows_tracked: Gauge::default(),
             flows_evicted: Counter::default(),
             flows_active: Gauge::default(),
@@ -145,9 +140,7 @@ impl Metrics {
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
             self.server_batches.get_or_create(&label).inc_by(s.batches);
         }
-        for e in report.flow_estimates() {
-            self.flow_latency.observe(e.estimate_ns / 1e9);
-        }
+        self.flow_latency.observe_all(&report.estimates, |e| Some(e.of(report.estimator)?.estimate_ns / 1e9));
         self.flows_tracked.set(kernel.tracked as i64);
         // pirated never deletes entries: every flow inserted and no longer in the table was
         // evicted. The counters are read before the table (`source::live`), so this never runs ahead.

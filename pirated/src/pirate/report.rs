@@ -77,11 +77,6 @@ impl EpochReport {
         }
     }
 
-    /// The selected estimator's per-flow figures.
-    pub fn flow_estimates(&self) -> impl Iterator<Item = &FlowEstimate> {
-        self.estimates.iter().filter_map(|e| e.of(self.estimator))
-    }
-
     pub fn discarded(&self) -> u64 {
         self.flows.iter().map(|f| f.discarded).sum()
     }

@@ -6,7 +6,7 @@ pub mod chains;
 pub mod paper;
 pub mod quantile;
 
-use std::{collections::BTreeMap, net::SocketAddr, ops::Range};
+use std::{collections::HashMap, net::SocketAddr, ops::Range};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +14,7 @@ use chains::Chains;
 use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
 
 use crate::pirate::flow::{server, FlowEpoch, Mode};
-use quantile::{spans, Quantile, Span, QUANTILES};
+use quantile::{Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -115,6 +115,11 @@ impl Ends {
             .map(move |(i, m)| (i, if marked { m.candidates } else { m.count } as u64))
     }
 
+    /// How many modes hold batch-ending gaps.
+    pub fn mode_count(&self) -> usize {
+        self.modes.count_ones() as usize
+    }
+
     /// Whether mode `i` holds batch-ending gaps.
     pub fn has(&self, i: usize) -> bool {
         self.modes >> i & 1 == 1
@@ -138,35 +143,64 @@ pub struct ServerEstimate {
 }
 
 /// Aggregates flow estimates per server (destination address and port), with `QUANTILES` if
-/// `quantiles`.
+/// `quantiles`; servers in address order. Two passes over the flows (hence `Clone`): the first
+/// sums per server and counts its spans, the second puts every span in one vector, each
+/// server's together, whose quantiles are then found on every CPU.
 pub fn per_server<'a>(
-    flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate)>,
+    flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate), IntoIter: Clone>,
     quantiles: bool,
 ) -> Vec<ServerEstimate> {
-    #[derive(Default)]
     struct Acc {
+        server: SocketAddr,
         kept_ns: u64,
         batches: u64,
         flows: usize,
-        spans: Vec<Span>,
+        /// Where its spans start in `spans`.
+        first_span: usize,
+        spans: usize,
     }
-    let mut acc: BTreeMap<SocketAddr, Acc> = BTreeMap::new();
-    for (flow, est) in flows {
-        let a = acc.entry(server(&flow.key)).or_default();
+    let flows = flows.into_iter();
+    let mut index: HashMap<SocketAddr, usize, foldhash::fast::FixedState> = HashMap::default();
+    let mut acc: Vec<Acc> = Vec::new();
+    let mut of = Vec::with_capacity(flows.size_hint().0);
+    for (flow, est) in flows.clone() {
+        let server = server(&flow.key);
+        let i = *index.entry(server).or_insert_with(|| {
+            acc.push(Acc { server, kept_ns: 0, batches: 0, flows: 0, first_span: 0, spans: 0 });
+            acc.len() - 1
+        });
+        let a = &mut acc[i];
         a.kept_ns += est.kept_ns;
         a.batches += est.batches;
         a.flows += 1;
-        if quantiles {
-            a.spans.extend(spans(&flow.modes(), est));
+        a.spans += est.ends.mode_count();
+        of.push(i);
+    }
+    let mut spans = Vec::new();
+    if quantiles {
+        let mut next = Vec::with_capacity(acc.len());
+        for a in &mut acc {
+            a.first_span = spans.len();
+            next.push(a.first_span);
+            spans.resize(a.first_span + a.spans, Span::default());
+        }
+        for ((flow, est), &i) in flows.zip(&of) {
+            for span in quantile::spans(&flow.modes(), est) {
+                spans[next[i]] = span;
+                next[i] += 1;
+            }
         }
     }
-    let acc: Vec<(SocketAddr, Acc)> = acc.into_iter().collect();
-    crate::parallel::map(&acc, |(server, a)| ServerEstimate {
-        server: *server,
+    acc.sort_unstable_by_key(|a| a.server);
+    crate::parallel::map(&acc, |a| ServerEstimate {
+        server: a.server,
         estimate_ns: a.kept_ns as f64 / a.batches as f64,
         flows: a.flows,
         batches: a.batches,
-        quantiles: quantile::quantiles(&a.spans, &QUANTILES),
+        quantiles: match quantiles {
+            true => quantile::quantiles(&spans[a.first_span..a.first_span + a.spans], &QUANTILES),
+            false => Vec::new(),
+        },
     })
 }
 

@@ -13,16 +13,30 @@ pub fn map<T: Sync, R: Send>(items: &[T], each: impl Fn(&T) -> R + Sync) -> Vec<
 /// memory of a new vector costs more to fault in than the estimates written into it. The items
 /// stay where they are, for the same reason.
 pub fn map_into<T: Sync, R: Send>(items: &[T], out: &mut Vec<R>, each: impl Fn(&T) -> R + Sync) {
+    fold_into(items, out, || (), |(), item| each(item));
+}
+
+/// [`map_into`], each thread also folding its items into an accumulator (`init()` to start):
+/// the accumulators, in the chunks' order.
+pub fn fold_into<T: Sync, R: Send, A: Send>(
+    items: &[T],
+    out: &mut Vec<R>,
+    init: impl Fn() -> A + Sync,
+    each: impl Fn(&mut A, &T) -> R + Sync,
+) -> Vec<A> {
     let per_thread = per_thread(items.len());
     out.clear();
     out.reserve(items.len());
     let slots = &mut out.spare_capacity_mut()[..items.len()];
-    on_every_cpu(items.chunks(per_thread).zip(slots.chunks_mut(per_thread)), |(chunk, slots)| {
-        chunk.iter().zip(slots).for_each(|(item, slot)| _ = slot.write(each(item)))
+    let accumulators = on_every_cpu(items.chunks(per_thread).zip(slots.chunks_mut(per_thread)), |(chunk, slots)| {
+        let mut acc = init();
+        chunk.iter().zip(slots).for_each(|(item, slot)| _ = slot.write(each(&mut acc, item)));
+        acc
     });
     // SAFETY: every thread finished (a panic was resumed), and the chunks of `items.len()`
     // slots were each written once.
     unsafe { out.set_len(items.len()) };
+    accumulators
 }
 
 /// `each` over one chunk of `items` per CPU; the results in the chunks' order.

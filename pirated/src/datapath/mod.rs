@@ -371,7 +371,7 @@ fn layout_tag(config: &Config) -> String {
     format!("v{}-{layout:?}-flows{}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase()
 }
 
-/// The most a hand-over ring takes: about 860 K compact records (with the kernel's 8-byte header
+/// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header
 /// each).
 const MAX_RING_BYTES: usize = 256 << 20;
 

@@ -5,7 +5,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::pirate::{
-    estimate::{per_server, quantile::Quantile, Estimator, FlowEstimate, ServerEstimate, Settings},
+    estimate::{per_server, quantile::Quantile, ByServer, Estimator, FlowEstimate, ServerEstimate, Settings},
     flow::{client, proto_name, server, FlowEpoch},
 };
 
@@ -35,6 +35,8 @@ pub struct EpochReport {
     /// Per server, from each estimator (the selected one's is `servers()`).
     pub servers_paper: Vec<ServerEstimate>,
     pub servers_batches: Vec<ServerEstimate>,
+    /// Gaps the flows' full mode tables dropped.
+    discarded: u64,
 }
 
 impl EpochReport {
@@ -49,17 +51,34 @@ impl EpochReport {
         estimator: Estimator,
         compare: bool,
     ) -> EpochReport {
-        let (paper, batches) = (compare || estimator == Estimator::Paper, compare || estimator == Estimator::Batches);
-        crate::parallel::map_into(&flows, &mut estimates, |flow| {
-            let (paper, batches) = settings.estimate(flow.key.proto, &flow.modes(), paper, batches);
+        let wanted = |which| compare || estimator == which;
+        let (paper, batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
+        // One pass over the flows, on every CPU: each flow's estimates, and each thread's sums
+        // per server (with spans for the quantiles of the estimator reported).
+        #[derive(Default)]
+        struct Part {
+            paper: ByServer,
+            batches: ByServer,
+            discarded: u64,
+        }
+        let parts = crate::parallel::fold_into(&flows, &mut estimates, Part::default, |part, flow| {
+            let modes = flow.modes();
+            let (paper, batches) = settings.estimate(flow.key.proto, &modes, paper, batches);
+            let at = server(&flow.key);
+            for (sums, est, which) in
+                [(&mut part.paper, &paper, Estimator::Paper), (&mut part.batches, &batches, Estimator::Batches)]
+            {
+                if let Some(est) = est {
+                    sums.entry(at).or_default().add(&modes, est, wanted(which));
+                }
+            }
+            part.discarded += flow.discarded;
             Estimates { paper, batches }
         });
-        let servers_of = |which| {
-            let quantiles = compare || which == estimator;
-            per_server(flows.iter().zip(&estimates).filter_map(|(f, e)| Some((f, e.of(which)?))), quantiles)
-        };
-        let (servers_paper, servers_batches) = (servers_of(Estimator::Paper), servers_of(Estimator::Batches));
-        EpochReport { epoch, estimator, flows, estimates, servers_paper, servers_batches }
+        let discarded = parts.iter().map(|p| p.discarded).sum();
+        let (paper, batches): (Vec<ByServer>, Vec<ByServer>) = parts.into_iter().map(|p| (p.paper, p.batches)).unzip();
+        let (servers_paper, servers_batches) = (per_server(paper), per_server(batches));
+        EpochReport { epoch, estimator, flows, estimates, servers_paper, servers_batches, discarded }
     }
 
     /// The per-flow vectors, for the next epoch to fill: a million flows' worth is hundreds of
@@ -78,7 +97,7 @@ impl EpochReport {
     }
 
     pub fn discarded(&self) -> u64 {
-        self.flows.iter().map(|f| f.discarded).sum()
+        self.discarded
     }
 
     /// One JSON line per flow (ordered by flow key), then one per server.

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use chains::Chains;
 use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
 
-use crate::pirate::flow::{server, FlowEpoch, Mode};
+use crate::pirate::flow::Mode;
 use quantile::{Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
@@ -115,11 +115,6 @@ impl Ends {
             .map(move |(i, m)| (i, if marked { m.candidates } else { m.count } as u64))
     }
 
-    /// How many modes hold batch-ending gaps.
-    pub fn mode_count(&self) -> usize {
-        self.modes.count_ones() as usize
-    }
-
     /// Whether mode `i` holds batch-ending gaps.
     pub fn has(&self, i: usize) -> bool {
         self.modes >> i & 1 == 1
@@ -142,65 +137,56 @@ pub struct ServerEstimate {
     pub quantiles: Vec<Quantile>,
 }
 
-/// Aggregates flow estimates per server (destination address and port), with `QUANTILES` if
-/// `quantiles`; servers in address order. Two passes over the flows (hence `Clone`): the first
-/// sums per server and counts its spans, the second puts every span in one vector, each
-/// server's together, whose quantiles are then found on every CPU.
-pub fn per_server<'a>(
-    flows: impl IntoIterator<Item = (&'a FlowEpoch, &'a FlowEstimate), IntoIter: Clone>,
-    quantiles: bool,
-) -> Vec<ServerEstimate> {
-    struct Acc {
-        server: SocketAddr,
-        kept_ns: u64,
-        batches: u64,
-        flows: usize,
-        /// Where its spans start in `spans`.
-        first_span: usize,
-        spans: usize,
-    }
-    let flows = flows.into_iter();
-    let mut index: HashMap<SocketAddr, usize, foldhash::fast::FixedState> = HashMap::default();
-    let mut acc: Vec<Acc> = Vec::new();
-    let mut of = Vec::with_capacity(flows.size_hint().0);
-    for (flow, est) in flows.clone() {
-        let server = server(&flow.key);
-        let i = *index.entry(server).or_insert_with(|| {
-            acc.push(Acc { server, kept_ns: 0, batches: 0, flows: 0, first_span: 0, spans: 0 });
-            acc.len() - 1
-        });
-        let a = &mut acc[i];
-        a.kept_ns += est.kept_ns;
-        a.batches += est.batches;
-        a.flows += 1;
-        a.spans += est.ends.mode_count();
-        of.push(i);
-    }
-    let mut spans = Vec::new();
-    if quantiles {
-        let mut next = Vec::with_capacity(acc.len());
-        for a in &mut acc {
-            a.first_span = spans.len();
-            next.push(a.first_span);
-            spans.resize(a.first_span + a.spans, Span::default());
-        }
-        for ((flow, est), &i) in flows.zip(&of) {
-            for span in quantile::spans(&flow.modes(), est) {
-                spans[next[i]] = span;
-                next[i] += 1;
-            }
+/// One server's sums over some of its flows' estimates, and where their batch-to-batch times lie
+/// (for the quantiles).
+#[derive(Debug, Default)]
+pub struct ServerSums {
+    kept_ns: u64,
+    batches: u64,
+    flows: usize,
+    spans: Vec<Span>,
+}
+
+/// Servers' sums, by server (destination address and port).
+pub type ByServer = HashMap<SocketAddr, ServerSums, foldhash::fast::FixedState>;
+
+impl ServerSums {
+    /// Adds one flow's estimate on `modes`, with its spans if `quantiles`.
+    pub fn add(&mut self, modes: &[Mode], est: &FlowEstimate, quantiles: bool) {
+        self.kept_ns += est.kept_ns;
+        self.batches += est.batches;
+        self.flows += 1;
+        if quantiles {
+            self.spans.extend(quantile::spans(modes, est));
         }
     }
-    acc.sort_unstable_by_key(|a| a.server);
-    crate::parallel::map(&acc, |a| ServerEstimate {
-        server: a.server,
+
+    fn merge(&mut self, other: ServerSums) {
+        self.kept_ns += other.kept_ns;
+        self.batches += other.batches;
+        self.flows += other.flows;
+        self.spans.extend(other.spans);
+    }
+}
+
+/// Per server, in address order, from sums gathered apart (one map per thread): the mean, and
+/// `QUANTILES` where spans were gathered, found on every CPU.
+pub fn per_server(parts: Vec<ByServer>) -> Vec<ServerEstimate> {
+    let mut parts = parts.into_iter();
+    let mut all = parts.next().unwrap_or_default();
+    for part in parts {
+        for (server, sums) in part {
+            all.entry(server).or_default().merge(sums);
+        }
+    }
+    let mut all: Vec<(SocketAddr, ServerSums)> = all.into_iter().collect();
+    all.sort_unstable_by_key(|(server, _)| *server);
+    crate::parallel::map(&all, |(server, a)| ServerEstimate {
+        server: *server,
         estimate_ns: a.kept_ns as f64 / a.batches as f64,
         flows: a.flows,
         batches: a.batches,
-        quantiles: match quantiles {
-            true => quantile::quantiles(&spans[a.first_span..a.first_span + a.spans], &QUANTILES),
-            false => Vec::new(),
-        },
+        quantiles: quantile::quantiles(&a.spans, &QUANTILES),
     })
 }
 
@@ -213,7 +199,10 @@ mod tests {
     };
 
     use super::*;
-    use crate::{config::Config, pirate::flow::Mode};
+    use crate::{
+        config::Config,
+        pirate::flow::{server, FlowEpoch, Mode},
+    };
 
     /// One request in flight at ~5.3 ms with a 3 % tail spread thinly over 5.6–8.6 ms (a slow
     /// path of the server, scheduling delays), through the datapath's modes with and without
@@ -244,7 +233,9 @@ mod tests {
             let modes = flow.modes();
             let (paper, batches) = Settings { epsilon: eps, ..settings }.estimate(0, &modes, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
-            let p99 = per_server([(&flow, &batches)], true)[0].quantiles[2].estimate_ns;
+            let mut sums = ByServer::default();
+            sums.entry(server(&flow.key)).or_default().add(&modes, &batches, true);
+            let p99 = per_server(vec![sums])[0].quantiles[2].estimate_ns;
             (modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
         };
         let (alg2, capped) = (measure(0), measure(settings.epsilon.span));

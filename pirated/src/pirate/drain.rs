@@ -60,8 +60,8 @@ impl Records {
     /// Drops the records waiting. Between a drain and the next epoch flip every record is stale
     /// (a flow the drain already read from the table, touched again), so pirated empties the
     /// ring as they come and it never fills.
-    pub fn discard(&mut self) -> usize {
-        std::iter::from_fn(|| self.ring.next().map(drop)).count()
+    pub fn discard(&mut self) {
+        while self.ring.next().is_some() {}
     }
 
     /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
@@ -130,7 +130,7 @@ fn drain<const M: usize>(
     let mut records = Vec::new();
     for i in 0..table.sets() {
         if i % RING_EVERY_SETS == 0 {
-            records.extend(take::<M>(ring, closed)?);
+            take::<M>(ring, closed, &mut records)?;
         }
         starts.push(flows.len() as u32);
         let set = table.read::<M>(i);
@@ -151,7 +151,7 @@ fn drain<const M: usize>(
         }
     }
     starts.push(flows.len() as u32);
-    records.extend(take::<M>(ring, closed)?);
+    take::<M>(ring, closed, &mut records)?;
     // A flow rolled over after the scan read it handed its state over before the reset, and its
     // record replaces a copy the scan may have read mid-update.
     let sets = table.sets() as u32;
@@ -179,10 +179,10 @@ fn drain<const M: usize>(
 /// that the ring need only hold what flows hand over meanwhile.
 const RING_EVERY_SETS: usize = 4096;
 
-/// The records waiting in the ring buffer that hold epoch `closed` (the others are stale).
-fn take<const M: usize>(ring: &mut RingBuf<MapData>, closed: u32) -> anyhow::Result<Vec<EpochRecord<M>>> {
+/// Appends to `out` the records waiting in the ring buffer that hold epoch `closed` (the others
+/// are stale).
+fn take<const M: usize>(ring: &mut RingBuf<MapData>, closed: u32, out: &mut Vec<EpochRecord<M>>) -> anyhow::Result<()> {
     let want = size_of::<EpochRecord<M>>();
-    let mut out = Vec::new();
     while let Some(item) = ring.next() {
         if item.len() != want {
             bail!("a {}-byte hand-over record, not {want}: pirated and its XDP object disagree", item.len());
@@ -193,5 +193,5 @@ fn take<const M: usize>(ring: &mut RingBuf<MapData>, closed: u32) -> anyhow::Res
             out.push(rec);
         }
     }
-    Ok(out)
+    Ok(())
 }

@@ -125,11 +125,10 @@ impl FlowEpoch {
     pub fn from_state<const M: usize>(key: FlowKey, st: &FlowState<M>) -> FlowEpoch {
         let (m, mut codes) = (&st.modes, Modes::new());
         let used = m.used();
-        codes.lo[..used].copy_from_slice(&m.lo[..used]);
-        codes.hi[..used].copy_from_slice(&m.hi[..used]);
-        codes.count[..used].copy_from_slice(&m.count[..used]);
-        codes.candidates[..used].copy_from_slice(&m.candidates[..used]);
-        codes.mean[..used].copy_from_slice(&m.mean[..used]);
+        let wide = [&mut codes.lo, &mut codes.hi, &mut codes.count, &mut codes.candidates, &mut codes.mean];
+        for (to, from) in wide.into_iter().zip([&m.lo, &m.hi, &m.count, &m.candidates, &m.mean]) {
+            to[..used].copy_from_slice(&from[..used]);
+        }
         codes.len = used as u8;
         FlowEpoch {
             key,

@@ -52,7 +52,7 @@ impl EpochReport {
         compare: bool,
     ) -> EpochReport {
         let wanted = |which| compare || estimator == which;
-        let (paper, batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
+        let (want_paper, want_batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
         // One pass over the flows, on every CPU: each flow's estimates, and each thread's sums
         // per server (with spans for the quantiles of the estimator reported).
         #[derive(Default)]
@@ -63,7 +63,7 @@ impl EpochReport {
         }
         let parts = crate::parallel::fold_into(&flows, &mut estimates, Part::default, |part, flow| {
             let modes = flow.modes();
-            let (paper, batches) = settings.estimate(flow.key.proto, &modes, paper, batches);
+            let (paper, batches) = settings.estimate(flow.key.proto, &modes, want_paper, want_batches);
             let at = server(&flow.key);
             for (sums, est, which) in
                 [(&mut part.paper, &paper, Estimator::Paper), (&mut part.batches, &batches, Estimator::Batches)]

@@ -28,7 +28,7 @@ impl Live {
     }
 
     /// Empties the hand-over ring between a drain and the next flip, where every record is stale.
-    pub fn discard_stale(&mut self) -> usize {
+    pub fn discard_stale(&mut self) {
         self.records.discard()
     }
 

@@ -12,7 +12,7 @@ use crate::pirate::flow::Mode;
 pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
 /// Batch-to-batch times of one mode of batch-ending gaps: `count` of them in [lo, hi], mean `mean`.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Span {
     pub lo_ns: f64,
     pub hi_ns: f64,

@@ -22,8 +22,7 @@ use crate::{
     metrics::Metrics,
     pirate::{
         estimate::{Estimator, Settings},
-        flow::FlowEpoch,
-        report::{EpochReport, Estimates},
+        report::{EpochReport, Scratch},
     },
     source::{live::Live, replay, EpochData},
 };
@@ -43,9 +42,9 @@ impl Pipeline {
     }
 
     /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime), into
-    /// `estimates`' memory (the last epoch's, or a new vector).
-    pub fn run(&self, data: EpochData, estimates: Vec<Estimates>) -> EpochReport {
-        EpochReport::new(data.epoch, data.flows, estimates, &self.settings, self.estimator, self.compare)
+    /// `scratch`'s memory (the last epoch's, or new).
+    pub fn run(&self, data: EpochData, scratch: Scratch) -> EpochReport {
+        EpochReport::new(data.epoch, data.flows, scratch, &self.settings, self.estimator, self.compare)
     }
 }
 
@@ -53,7 +52,7 @@ impl Pipeline {
 pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
     let pipeline = Pipeline::new(config, true);
     let reports: Vec<EpochReport> =
-        replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e, Vec::new())).collect();
+        replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e, Scratch::default())).collect();
     for r in &reports {
         r.write_json(out)?;
     }
@@ -96,8 +95,10 @@ pub async fn run(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
     tokio::pin!(shutdown);
-    // The last epoch's per-flow vectors, filled again by the next.
-    let (mut flows, mut estimates): (Vec<FlowEpoch>, Vec<Estimates>) = Default::default();
+    // The per-flow vectors, each epoch filling the last one's; sized at start for a table
+    // taken over from the last instance.
+    let tracked = live.tracked();
+    let (mut flows, mut scratch) = (crate::buffer::populated(tracked), Scratch::with_room(tracked));
     loop {
         let stopping = tokio::select! {
             _ = tick.tick() => false,
@@ -116,7 +117,7 @@ pub async fn run(
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
         let work = tokio::task::spawn_blocking(move || {
-            let report = pipeline.run(data, estimates);
+            let report = pipeline.run(data, scratch);
             let mut text = Vec::new();
             let written = if json { report.write_json(&mut text) } else { Ok(()) };
             written.map(|()| (report, text))
@@ -149,6 +150,6 @@ pub async fn run(
             }
             return Ok(());
         }
-        (flows, estimates) = report.into_buffers();
+        (flows, scratch) = report.into_buffers();
     }
 }

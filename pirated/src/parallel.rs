@@ -51,7 +51,7 @@ fn per_thread(items: usize) -> usize {
 }
 
 /// `each` over `parts`, each on a thread of its own; a panic in one is resumed here.
-fn on_every_cpu<P: Send, R: Send>(parts: impl Iterator<Item = P>, each: impl Fn(P) -> R + Sync) -> Vec<R> {
+pub fn on_every_cpu<P: Send, R: Send>(parts: impl Iterator<Item = P>, each: impl Fn(P) -> R + Sync) -> Vec<R> {
     let each = &each;
     std::thread::scope(|scope| {
         let handles: Vec<_> = parts.map(|part| scope.spawn(move || each(part))).collect();

@@ -64,6 +64,11 @@ impl Records {
         while self.ring.next().is_some() {}
     }
 
+    /// Flows in the flow table now.
+    pub fn tracked(&self, dp: &Datapath) -> usize {
+        with_modes!(self.layout, M => dp.table().occupied::<M>())
+    }
+
     /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
     /// the flip handed their state over through the ring buffer; the others still hold it in the
     /// table. The flows are written into `flows`' memory (what it held is dropped).

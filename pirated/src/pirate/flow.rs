@@ -150,14 +150,13 @@ impl FlowEpoch {
             .map(|i| {
                 let (lo, hi) = m.bounds(i);
                 let count = m.count[i] as u32;
-                // The mean is kept in 1/65536ths of the width above lo.
-                let above = (count as u128 * m.mean[i] as u128 * (hi - lo) as u128 + (1 << 15)) >> 16;
+                let sum_q16 = count as u128 * m.mean_q16(i) as u128;
                 Mode {
                     min_ns: lo,
                     max_ns: hi,
                     count,
                     candidates: m.candidates[i] as u32,
-                    sum_ns: count as u64 * lo as u64 + above as u64,
+                    sum_ns: ((sum_q16 + (1 << 15)) >> 16) as u64,
                 }
             })
             .collect()

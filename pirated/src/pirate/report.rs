@@ -5,23 +5,28 @@ use std::io::Write;
 use serde::Serialize;
 
 use crate::pirate::{
-    estimate::{per_server, quantile::Quantile, ByServer, Estimator, FlowEstimate, ServerEstimate, Settings},
+    estimate::{
+        quantile::Quantile,
+        quantile::Span,
+        servers::{per_server, Numbering, ServerEstimate},
+        Estimates, Estimator, FlowEstimate, Settings,
+    },
     flow::{client, proto_name, server, FlowEpoch},
 };
 
-/// One flow's figures from each estimator (`None`: not asked for, or no figure).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Estimates {
-    pub paper: Option<FlowEstimate>,
-    pub batches: Option<FlowEstimate>,
+/// The per-flow vectors an epoch's report fills besides the flows, kept from one epoch to the
+/// next for their memory.
+#[derive(Default)]
+pub struct Scratch {
+    estimates: Vec<Estimates>,
+    spans: Vec<Span>,
 }
 
-impl Estimates {
-    pub fn of(&self, which: Estimator) -> Option<&FlowEstimate> {
-        match which {
-            Estimator::Paper => self.paper.as_ref(),
-            Estimator::Batches => self.batches.as_ref(),
-        }
+impl Scratch {
+    /// Room for `flows` flows, faulted in now (see [`crate::buffer::populated`]): a span each,
+    /// as a flow whose batches end in one mode has (more grow the vector in the first epoch).
+    pub fn with_room(flows: usize) -> Scratch {
+        Scratch { estimates: crate::buffer::populated(flows), spans: crate::buffer::populated(flows) }
     }
 }
 
@@ -32,6 +37,8 @@ pub struct EpochReport {
     pub flows: Vec<FlowEpoch>,
     /// Each flow's figures, in the order of `flows`.
     pub estimates: Vec<Estimates>,
+    /// The flows' spans, server by server (kept for its memory).
+    spans: Vec<Span>,
     /// Per server, from each estimator (the selected one's is `servers()`).
     pub servers_paper: Vec<ServerEstimate>,
     pub servers_batches: Vec<ServerEstimate>,
@@ -42,50 +49,42 @@ pub struct EpochReport {
 impl EpochReport {
     /// Estimates every flow of the epoch, on every CPU, and aggregates them per server. Only the
     /// configured estimator, unless `compare` (for the JSON lines, which carry both: they cost as
-    /// much again). The estimates are written into `estimates`' memory.
+    /// much again). The per-flow vectors are written into `scratch`'s memory.
     pub fn new(
         epoch: u32,
         flows: Vec<FlowEpoch>,
-        mut estimates: Vec<Estimates>,
+        scratch: Scratch,
         settings: &Settings,
         estimator: Estimator,
         compare: bool,
     ) -> EpochReport {
         let wanted = |which| compare || estimator == which;
         let (want_paper, want_batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
-        // One pass over the flows, on every CPU: each flow's estimates, and each thread's sums
-        // per server (with spans for the quantiles of the estimator reported).
+        let Scratch { mut estimates, mut spans } = scratch;
+        // One pass over the flows, on every CPU: each flow's estimates, added to its server's.
         #[derive(Default)]
-        struct Part {
-            paper: ByServer,
-            batches: ByServer,
+        struct Share {
+            servers: Numbering,
             discarded: u64,
         }
-        let parts = crate::parallel::fold_into(&flows, &mut estimates, Part::default, |part, flow| {
+        let shares = crate::parallel::fold_into(&flows, &mut estimates, Share::default, |share, flow| {
             let modes = flow.modes();
             let (paper, batches) = settings.estimate(flow.key.proto, &modes, want_paper, want_batches);
-            let at = server(&flow.key);
-            for (sums, est, which) in
-                [(&mut part.paper, &paper, Estimator::Paper), (&mut part.batches, &batches, Estimator::Batches)]
-            {
-                if let Some(est) = est {
-                    sums.entry(at).or_default().add(&modes, est, wanted(which));
-                }
-            }
-            part.discarded += flow.discarded;
-            Estimates { paper, batches }
+            share.discarded += flow.discarded;
+            let est = Estimates { paper, batches, server: 0 };
+            Estimates { server: share.servers.add(server(&flow.key), &modes, &est), ..est }
         });
-        let discarded = parts.iter().map(|p| p.discarded).sum();
-        let (paper, batches): (Vec<ByServer>, Vec<ByServer>) = parts.into_iter().map(|p| (p.paper, p.batches)).unzip();
-        let (servers_paper, servers_batches) = (per_server(paper), per_server(batches));
-        EpochReport { epoch, estimator, flows, estimates, servers_paper, servers_batches, discarded }
+        let discarded = shares.iter().map(|s| s.discarded).sum();
+        let numberings: Vec<Numbering> = shares.into_iter().map(|s| s.servers).collect();
+        let [servers_paper, servers_batches] = per_server(&numberings, &flows, &estimates, &mut spans);
+        EpochReport { epoch, estimator, flows, estimates, spans, servers_paper, servers_batches, discarded }
     }
 
     /// The per-flow vectors, for the next epoch to fill: a million flows' worth is hundreds of
     /// MiB, which the allocator would otherwise hand back to the kernel and fault in again,
     /// zeroed, every epoch.
-    pub fn into_buffers(self) -> (Vec<FlowEpoch>, Vec<Estimates>) {
-        (self.flows, self.estimates)
+    pub fn into_buffers(self) -> (Vec<FlowEpoch>, Scratch) {
+        (self.flows, Scratch { estimates: self.estimates, spans: self.spans })
     }
 
     /// Per server, from the selected estimator.

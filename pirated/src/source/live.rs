@@ -22,6 +22,11 @@ impl Live {
         Ok(Live { dp, records, epoch })
     }
 
+    /// Flows in the flow table now (after a restart, those the last instance left).
+    pub fn tracked(&self) -> usize {
+        self.records.tracked(&self.dp)
+    }
+
     /// The descriptor that becomes readable when flows hand epochs over.
     pub fn records_fd(&self) -> RawFd {
         self.records.fd()

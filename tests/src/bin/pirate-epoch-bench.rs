@@ -21,11 +21,12 @@ use pirate_common::{
     },
 };
 use pirated::{
+    buffer,
     config::Config,
     datapath::Datapath,
     epoch::Pipeline,
     metrics::Metrics,
-    pirate::drain::Records,
+    pirate::{drain::Records, report::Scratch},
     source::{EpochData, Kernel},
 };
 
@@ -118,8 +119,9 @@ fn main() -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
-        "{:>9} {:>6} {:>9} {:>11} {:>11} {:>10} {:>10} {:>11} {:>10} {:>10}",
+        "{:>9} {:>8} {:>6} {:>9} {:>11} {:>11} {:>10} {:>10} {:>11} {:>10} {:>10}",
         "flows",
+        "start ms",
         "epoch",
         "drain ms",
         "estimate ms",
@@ -152,9 +154,12 @@ fn main() -> Result<()> {
         let counters = dp.counters()?;
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
-        // each epoch filling the last one's vectors.
+        // each epoch filling the last one's vectors, sized at start for the table it finds.
         let (pipeline, mut metrics) = (Pipeline::new(&config, false), Metrics::new());
-        let (mut flows, mut estimates) = (Vec::new(), Vec::new());
+        let started = Instant::now();
+        let tracked = records.tracked(&dp);
+        let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));
+        let start = ms(started);
         let mut runs = Vec::new();
         for _ in 0..args.epochs {
             let started = Instant::now();
@@ -165,30 +170,34 @@ fn main() -> Result<()> {
             }
             let kernel = Kernel::new(counters, &drained);
             let started = Instant::now();
-            let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows }, estimates);
+            let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows }, scratch);
             let estimate = ms(started);
             let started = Instant::now();
             metrics.publish(&report, &kernel);
             let publish = ms(started);
-            (flows, estimates) = report.into_buffers();
+            (flows, scratch) = report.into_buffers();
             runs.push([drain, estimate, publish]);
         }
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(&dp, EPOCH, flows)?.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows }, estimates);
+        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows }, scratch);
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;
         let json_write = ms(started);
         let (rss, peak) = rss_mib()?;
-        // The first epoch faults its vectors in; the later ones (their median by total) reuse them.
+        // The first epoch after the start (which sized the vectors), and the median of the later
+        // ones by total.
         let total = |r: &[f64; 3]| r.iter().sum::<f64>();
         let mut later = runs[1..].to_vec();
         later.sort_by(|a, b| total(a).total_cmp(&total(b)));
-        for (which, [drain, estimate, publish]) in [("first", runs[0]), ("later", later[later.len() / 2])] {
+        let start = format!("{start:.1}");
+        for (start, which, [drain, estimate, publish]) in
+            [(start.as_str(), "first", runs[0]), ("", "later", later[later.len() / 2])]
+        {
             println!(
-                "{n:>9} {which:>6} {drain:>9.1} {estimate:>11.1} {publish:>11.1} {:>10.1} {json_estimate:>10.1} {json_write:>11.1} {rss:>10.0} {peak:>10.0}",
+                "{n:>9} {start:>8} {which:>6} {drain:>9.1} {estimate:>11.1} {publish:>11.1} {:>10.1} {json_estimate:>10.1} {json_write:>11.1} {rss:>10.0} {peak:>10.0}",
                 drain + estimate + publish
             );
         }

@@ -5,8 +5,9 @@ pub mod batches;
 pub mod chains;
 pub mod paper;
 pub mod quantile;
+pub mod servers;
 
-use std::{collections::HashMap, net::SocketAddr, ops::Range};
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +15,6 @@ use chains::Chains;
 use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
 
 use crate::pirate::flow::Mode;
-use quantile::{Quantile, Span, QUANTILES};
 
 /// Which estimator turns modes into a latency.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -73,6 +73,24 @@ impl Settings {
     }
 }
 
+/// One flow's figures from each estimator (`None`: not asked for, or no figure).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Estimates {
+    pub paper: Option<FlowEstimate>,
+    pub batches: Option<FlowEstimate>,
+    /// The flow's server's number in its share of the flows (see `servers::Numbering`).
+    pub server: u32,
+}
+
+impl Estimates {
+    pub fn of(&self, which: Estimator) -> Option<&FlowEstimate> {
+        match which {
+            Estimator::Paper => self.paper.as_ref(),
+            Estimator::Batches => self.batches.as_ref(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlowEstimate {
     pub estimate_ns: f64,
@@ -126,70 +144,6 @@ impl Ends {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct ServerEstimate {
-    pub server: SocketAddr,
-    /// Batch-weighted mean over the server's flows: Σ kept / Σ batches.
-    pub estimate_ns: f64,
-    pub flows: usize,
-    pub batches: u64,
-    /// Response-latency quantiles (`QUANTILES`) over the server's batches (empty if not asked).
-    pub quantiles: Vec<Quantile>,
-}
-
-/// One server's sums over some of its flows' estimates, and where their batch-to-batch times lie
-/// (for the quantiles).
-#[derive(Debug, Default)]
-pub struct ServerSums {
-    kept_ns: u64,
-    batches: u64,
-    flows: usize,
-    spans: Vec<Span>,
-}
-
-/// Servers' sums, by server (destination address and port).
-pub type ByServer = HashMap<SocketAddr, ServerSums, foldhash::fast::FixedState>;
-
-impl ServerSums {
-    /// Adds one flow's estimate on `modes`, with its spans if `quantiles`.
-    pub fn add(&mut self, modes: &[Mode], est: &FlowEstimate, quantiles: bool) {
-        self.kept_ns += est.kept_ns;
-        self.batches += est.batches;
-        self.flows += 1;
-        if quantiles {
-            self.spans.extend(quantile::spans(modes, est));
-        }
-    }
-
-    fn merge(&mut self, other: ServerSums) {
-        self.kept_ns += other.kept_ns;
-        self.batches += other.batches;
-        self.flows += other.flows;
-        self.spans.extend(other.spans);
-    }
-}
-
-/// Per server, in address order, from sums gathered apart (one map per thread): the mean, and
-/// `QUANTILES` where spans were gathered, found on every CPU.
-pub fn per_server(parts: Vec<ByServer>) -> Vec<ServerEstimate> {
-    let mut parts = parts.into_iter();
-    let mut all = parts.next().unwrap_or_default();
-    for part in parts {
-        for (server, sums) in part {
-            all.entry(server).or_default().merge(sums);
-        }
-    }
-    let mut all: Vec<(SocketAddr, ServerSums)> = all.into_iter().collect();
-    all.sort_unstable_by_key(|(server, _)| *server);
-    crate::parallel::map(&all, |(server, a)| ServerEstimate {
-        server: *server,
-        estimate_ns: a.kept_ns as f64 / a.batches as f64,
-        flows: a.flows,
-        batches: a.batches,
-        quantiles: quantile::quantiles(&a.spans, &QUANTILES),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use pirate_common::{
@@ -201,7 +155,10 @@ mod tests {
     use super::*;
     use crate::{
         config::Config,
-        pirate::flow::{server, FlowEpoch, Mode},
+        pirate::{
+            flow::{FlowEpoch, Mode},
+            report::{EpochReport, Scratch},
+        },
     };
 
     /// One request in flight at ~5.3 ms with a 3 % tail spread thinly over 5.6–8.6 ms (a slow
@@ -231,11 +188,11 @@ mod tests {
             gaps.iter().for_each(|&g| _ = st.modes.insert(g, false, eps, MODES_COMPACT as u32));
             let flow = FlowEpoch::from_state(FlowKey::default(), &st);
             let modes = flow.modes();
-            let (paper, batches) = Settings { epsilon: eps, ..settings }.estimate(0, &modes, true, true);
+            let settings = Settings { epsilon: eps, ..settings };
+            let (paper, batches) = settings.estimate(0, &modes, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
-            let mut sums = ByServer::default();
-            sums.entry(server(&flow.key)).or_default().add(&modes, &batches, true);
-            let p99 = per_server(vec![sums])[0].quantiles[2].estimate_ns;
+            let report = EpochReport::new(1, vec![flow], Scratch::default(), &settings, Estimator::Batches, false);
+            let p99 = report.servers()[0].quantiles[2].estimate_ns;
             (modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
         };
         let (alg2, capped) = (measure(0), measure(settings.epsilon.span));

@@ -4,6 +4,7 @@
 //! the kernel call aya 0.13 lacks.
 
 pub mod memlock;
+pub mod percpu;
 pub mod pins;
 pub mod table;
 pub mod test_run;
@@ -17,7 +18,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
-    maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
+    maps::{Array, Map, MapData, ProgramArray},
     programs::{
         links::{FdLink, PinnedLink},
         xdp::{XdpLink, XdpLinkId},
@@ -64,6 +65,8 @@ pub struct Datapath {
     /// Where the maps and the link are pinned, once attached, and what to do with them at exit.
     pins: Option<(PinDir, OnExit)>,
     pub attached_mode: &'static str,
+    /// Possible CPUs: the per-CPU maps' value count.
+    cpus: usize,
 }
 
 /// The epoch the datapath starts in, from load.
@@ -145,7 +148,9 @@ impl Datapath {
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let table =
             FlowTable::map(table_map(ebpf.map(layout.flows_map()).unwrap())?).context("mapping the flow table")?;
-        let mut dp = Datapath { ebpf, layout, pirate, ring_bytes, table, epoch, pins: None, attached_mode: "none" };
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
+        let mut dp =
+            Datapath { ebpf, layout, pirate, ring_bytes, table, epoch, pins: None, attached_mode: "none", cpus };
         dp.chain_pirate(true)?;
         Ok(dp)
     }
@@ -272,10 +277,13 @@ impl Datapath {
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
-        let map = PerCpuArray::<_, u64>::try_from(self.ebpf.map(maps::COUNTERS).unwrap())?;
+        let Map::PerCpuArray(map) = self.ebpf.map(maps::COUNTERS).unwrap() else {
+            bail!("COUNTERS is not a per-CPU array: pirated and its XDP object were built apart");
+        };
+        let fd = map.fd().as_fd();
         let mut out = [0u64; counters::COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
-            *slot = map.get(&(i as u32), 0)?.iter().sum();
+            *slot = percpu::sum(fd, i as u32, self.cpus).context("reading COUNTERS")?;
         }
         Ok(out)
     }

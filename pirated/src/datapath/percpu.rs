@@ -1,0 +1,43 @@
+//! Reading a per-CPU array of u64 with the CPU count learned once, at load. aya 0.13 reads the
+//! possible CPUs from sysfs again on each thread that first looks such a value up; the epoch
+//! loop moves between tokio's worker threads, and where the process has run out of descriptors
+//! (a flood of metrics connections) that read failed and ended pirated.
+
+use std::{
+    io,
+    os::fd::{AsRawFd, BorrowedFd},
+};
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+
+/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM reads it.
+#[repr(C)]
+struct LookupAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The sum over `cpus` CPUs of entry `key` of the per-CPU u64 array `map`.
+pub fn sum(map: BorrowedFd<'_>, key: u32, cpus: usize) -> io::Result<u64> {
+    // The kernel writes one 8-byte-aligned value per possible CPU.
+    let mut values = vec![0u64; cpus];
+    let mut attr = LookupAttr {
+        map_fd: map.as_raw_fd() as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: values.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for this command; key and values outlive the
+    // call, and values holds a u64 for every possible CPU, which is what the kernel writes.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_ELEM, &mut attr as *mut LookupAttr, size_of::<LookupAttr>())
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(values.iter().sum())
+}

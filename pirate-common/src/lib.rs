@@ -9,6 +9,7 @@
 
 pub mod counters;
 pub mod ctx;
+pub mod fridge;
 pub mod hash;
 pub mod key;
 pub mod maps;

@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod config;
 pub mod datapath;
 pub mod epoch;
+pub mod fridge;
 pub mod histogram;
 pub mod json;
 pub mod metrics;

@@ -50,6 +50,14 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Fridges against the naive hash-indexed array on the fridge paper's synthetic traces
+    /// (|log2(estimate/truth)| per memory size), and the userspace path's events per second.
+    /// About 2 minutes; no root.
+    Fridge {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
     /// The paper's and the batches estimator against the clients' own latencies (mean, and
     /// p50/p90/p99 where the client has them) over a matrix of testbed cases, as one table.
     /// Needs root; about 2 minutes.
@@ -113,6 +121,7 @@ fn main() -> Result<()> {
         }
         Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
         Task::Bench { which: Bench::Epoch { args } } => bench("pirate-epoch-bench", &[], &args),
+        Task::Bench { which: Bench::Fridge { args } } => bench("pirate-fridge-bench", &[], &args),
         // The testbed runs pirated and the link emulator from next to the benchmark binary.
         Task::Bench { which: Bench::Accuracy { args } } => {
             bench("pirate-accuracy", &["pirated", "pirate-linkem"], &args)

@@ -1,0 +1,6 @@
+//! Fridges: request→response delay distributions without the bias against long delays. The
+//! per-packet step is `pirate_common::fridge`; here are the fridges in userspace memory (for
+//! replay and the simulator) and the estimators that turn samples into a distribution.
+
+pub mod estimate;
+pub mod table;

@@ -18,44 +18,63 @@ pub fn correction(shape: &Fridges, k: usize, survived: u64) -> f64 {
     (-(survived as f64) * (-p / m).ln_1p()).exp() / (p * shape.share(k))
 }
 
+/// ln of fridge `k`'s expected correction factor for a delay of `delay_ns`, offered
+/// `offered_per_ns` requests meanwhile: the x it survives is the requests offered during it.
+fn expected_ln_factor(shape: &Fridges, k: usize, offered_per_ns: f64, delay_ns: f64) -> f64 {
+    let (p, m) = (shape.p(k), (1u64 << shape.slots_log2[k]) as f64);
+    -(offered_per_ns * delay_ns) * (-p / m).ln_1p() - (p * shape.share(k)).ln()
+}
+
 /// How fridges' estimates in one delay bin are weighted against each other.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Weights {
-    /// Inverse of the variance estimate Σc² (eq. 7), as published. The estimate and its weight
-    /// move together (a fridge that drew fewer samples into a bin reads both lower), so the
-    /// combination leans low wherever a bin holds few samples.
+    /// Inverse of the variance estimate Σc² over the fridge's samples in the bin (eq. 7), as
+    /// published; a fridge without samples there has no weight. The weight moves with the
+    /// estimate (a fridge that drew fewer samples, or ones that survived fewer requests, reads
+    /// lower and weighs more), so the combination leans low.
     Paper,
-    /// Inverse of the fridge's mean correction factor in the bin, Σc²/Σc: eq. 5's variance,
-    /// f(t)·c_k(t), with the f(t) all fridges share left out. It does not depend on how many
-    /// samples the fridge happened to draw.
-    #[default]
-    MeanFactor,
+    /// Inverse of the fridge's expected correction factor at the bin's delay, from the requests
+    /// offered to each fridge per nanosecond: eq. 5's variance, f(t)·c_k(t), with the f(t) all
+    /// fridges share left out. Fixed before any sample is drawn, so the combination of unbiased
+    /// estimates stays unbiased; a fridge without samples in the bin estimates zero there.
+    Expected { offered_per_ns: [f64; MAX_FRIDGES] },
 }
 
 /// Each sample's delay and weight: its correction factor, times its fridge's inverse-variance
-/// weight in the sample's delay bin (see [`Weights`]); a fridge without samples in a bin has no
-/// estimate there and no weight (one fridge: every weight is 1).
+/// weight in the sample's delay bin (see [`Weights`]; one fridge: every weight is 1).
 pub fn weighted(shape: &Fridges, samples: &[Sample], weights: Weights) -> Vec<(u64, f64)> {
     let bin = |delay_ns: u64| ((delay_ns.max(1) as f64).log2() * BINS_PER_OCTAVE).floor() as i32;
     let factor = |s: &Sample| correction(shape, s.fridge as usize, s.survived);
-    // Per bin and fridge: Σc and Σc².
-    let mut sums: HashMap<i32, [(f64, f64); MAX_FRIDGES]> = HashMap::new();
-    for s in samples {
-        let (c, sum) = (factor(s), &mut sums.entry(bin(s.delay_ns)).or_default()[s.fridge as usize]);
-        *sum = (sum.0 + c, sum.1 + c * c);
+    let fridges = shape.count as usize;
+    let mut per_bin: HashMap<i32, [f64; MAX_FRIDGES]> = HashMap::new();
+    match weights {
+        Weights::Paper => {
+            for s in samples {
+                per_bin.entry(bin(s.delay_ns)).or_default()[s.fridge as usize] += factor(s).powi(2);
+            }
+            for w in per_bin.values_mut() {
+                *w = w.map(|v| if v > 0.0 { 1.0 / v } else { 0.0 });
+            }
+        }
+        Weights::Expected { offered_per_ns } => {
+            for s in samples {
+                per_bin.entry(bin(s.delay_ns)).or_insert_with_key(|&b| {
+                    let delay_ns = ((b as f64 + 0.5) / BINS_PER_OCTAVE).exp2();
+                    let ln: [f64; MAX_FRIDGES] = std::array::from_fn(|k| match k < fridges {
+                        true => expected_ln_factor(shape, k, offered_per_ns[k], delay_ns),
+                        false => f64::INFINITY,
+                    });
+                    // 1/c_k, scaled by the smallest c so that none overflows.
+                    let least = ln.iter().copied().fold(f64::INFINITY, f64::min);
+                    ln.map(|l| (least - l).exp())
+                });
+            }
+        }
     }
-    let per_bin: HashMap<i32, [f64; MAX_FRIDGES]> = sums
-        .into_iter()
-        .map(|(b, sums)| {
-            let inverse = sums.map(|(c, c2)| match (c2 > 0.0, weights) {
-                (false, _) => 0.0,
-                (true, Weights::Paper) => 1.0 / c2,
-                (true, Weights::MeanFactor) => c / c2,
-            });
-            let total: f64 = inverse.iter().sum();
-            (b, inverse.map(|i| i / total))
-        })
-        .collect();
+    for w in per_bin.values_mut() {
+        let total: f64 = w.iter().sum();
+        *w = w.map(|v| v / total);
+    }
     samples.iter().map(|s| (s.delay_ns, per_bin[&bin(s.delay_ns)][s.fridge as usize] * factor(s))).collect()
 }
 
@@ -142,10 +161,16 @@ mod tests {
         // A sample alone in its bin keeps its whole factor.
         let alone = weighted(&two, &[Sample { delay_ns: 10, ..s(1, 1024) }], Weights::Paper);
         assert!((alone[0].1 - c1).abs() < 1e-9);
-        // By mean factor: fridge 1's two samples weigh as its one would.
-        let w = weighted(&two, &[s(0, 0), s(1, 1024), s(1, 1024)], Weights::MeanFactor);
-        let w0 = (1.0 / c0) / (1.0 / c0 + 1.0 / c1);
-        assert!((w[0].1 - w0 * c0).abs() < 1e-9 && (w[2].1 - (1.0 - w0) * c1).abs() < 1e-9, "{w:?}");
+        // Expected factors: fridge 1 offered 1 request per µs, fridge 0 none, over the bin of
+        // 1 ms; the weights follow from those rates whatever the samples.
+        let mut offered_per_ns = [0.0; MAX_FRIDGES];
+        offered_per_ns[1] = 1e-3;
+        let w = weighted(&two, &[s(0, 0), s(1, 5)], Weights::Expected { offered_per_ns });
+        let center = ((((1e6f64).log2() * BINS_PER_OCTAVE).floor() + 0.5) / BINS_PER_OCTAVE).exp2();
+        let e1 = 2.0 * (1.0 - 1.0 / 1024.0f64).powf(-1e-3 * center);
+        let w0 = (1.0 / 2.0) / (1.0 / 2.0 + 1.0 / e1);
+        assert!((w[0].1 - w0 * c0).abs() < 1e-9, "{w:?}");
+        assert!((w[1].1 - (1.0 - w0) * correction(&two, 1, 5)).abs() < 1e-9, "{w:?}");
     }
 
     #[test]

@@ -2,5 +2,6 @@
 //! per-packet step is `pirate_common::fridge`; here are the fridges in userspace memory (for
 //! replay and the simulator) and the estimators that turn samples into a distribution.
 
+pub mod calibrate;
 pub mod estimate;
 pub mod table;

@@ -1,10 +1,12 @@
 //! `cargo xtask bench fridge`: the paper's synthetic comparison (§5.2–5.3) through pirated's own
 //! fridge code. Requests arrive at 1 M/s, 40 % of them answered (`--answered`) after a delay
-//! log-uniform between 1 µs and T. For each memory size M: the naive hash-indexed array always overwriting, and with
-//! the best expiry threshold; one (M, p)-fridge (the best p); two (M/2, p₁), (M/2, p₂)-fridges
-//! (the best pair), and the same weighted as published. The best of each is searched for over a
-//! few seeds, then run on every seed with their estimates combined, and printed as
-//! |log2(estimate/truth)| at p50/p95/p99 and the worst over 5–95 %.
+//! log-uniform between 1 µs and T. For each memory size M: the naive hash-indexed array always
+//! overwriting, and with the best expiry threshold; one (M, p)-fridge (the best p); two
+//! (M/2, p₁), (M/2, p₂)-fridges (the best pair), the same weighted as published, and both set
+//! by pirated's calibration rule (lifetimes: the largest delay; a sixteenth of it and the
+//! largest). The best of each is searched for over a few seeds, then run on other seeds with
+//! their estimates combined, and printed as |log2(estimate/truth)| at p50/p95/p99 and the worst
+//! over 5–95 %.
 
 use std::time::Instant;
 
@@ -13,6 +15,7 @@ use clap::Parser;
 use pirate_common::fridge::{pair_hash, Fridges};
 use pirated::{
     fridge::{
+        calibrate::entry_probability,
         estimate::{weighted, Distribution, Weights},
         table::FridgeTable,
     },
@@ -59,6 +62,8 @@ struct Event {
 
 struct Trace {
     seed: u64,
+    /// From the first request to the last.
+    span_ns: u64,
     events: Vec<Event>,
     /// The true delays, weighted 1.
     delays: Vec<(u64, f64)>,
@@ -100,7 +105,15 @@ fn trace(max_ms: f64, pairs: Pairs, samples: u64, seed: u64) -> Trace {
         i += 1;
     }
     events.sort_by_key(|e| (e.ts_ns, e.response));
-    Trace { seed, events, delays }
+    Trace { seed, span_ns: i * REQUEST_GAP_NS, events, delays }
+}
+
+/// How the fridges' estimates are weighted (see `pirated::fridge::estimate::Weights`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Weighting {
+    Paper,
+    /// From the requests each fridge was offered over the trace.
+    Expected,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +127,7 @@ enum Method {
         slots_log2: [u32; 2],
         p: [f64; 2],
         count: usize,
-        weights: Weights,
+        weights: Weighting,
     },
 }
 
@@ -125,9 +138,6 @@ impl Method {
             Method::Naive { expiry_ns: 0, .. } => "naive, always overwrite".into(),
             Method::Naive { expiry_ns, .. } => format!("naive, expiry {} ms", expiry_ns as f64 / 1e6),
             Method::Fridges { p, count: 1, .. } => format!("1 fridge, p {}", pow(p[0])),
-            Method::Fridges { p, weights: Weights::Paper, .. } => {
-                format!("2 fridges, p {} and {}, paper's weights", pow(p[0]), pow(p[1]))
-            }
             Method::Fridges { p, .. } => format!("2 fridges, p {} and {}", pow(p[0]), pow(p[1])),
         }
     }
@@ -166,6 +176,13 @@ impl Method {
                         table.request(id, e.ts_ns);
                     }
                 }
+                let span_ns = trace.span_ns as f64;
+                let weights = match weights {
+                    Weighting::Paper => Weights::Paper,
+                    Weighting::Expected => {
+                        Weights::Expected { offered_per_ns: table.offered().map(|n| n as f64 / span_ns) }
+                    }
+                };
                 weighted(&shape, &samples, weights)
             }
         };
@@ -204,7 +221,7 @@ const ROWS: [Row; 4] = [Row::Overwrite, Row::Expiry, Row::OneFridge, Row::TwoFri
 impl Row {
     /// The methods searched for this row at memory 2^`m`.
     fn candidates(self, m: u32) -> Vec<Method> {
-        let fridges = |slots_log2, p, count| Method::Fridges { slots_log2, p, count, weights: Weights::MeanFactor };
+        let fridges = |slots_log2, p, count| Method::Fridges { slots_log2, p, count, weights: Weighting::Expected };
         match self {
             Row::Overwrite => vec![Method::Naive { slots_log2: m, expiry_ns: 0 }],
             Row::Expiry => {
@@ -287,30 +304,44 @@ fn main() -> Result<()> {
                 (*row, *method, e.errors[3], e.rate)
             });
             rates.extend(searched.iter().filter(|s| matches!(s.1, Method::Fridges { .. })).map(|s| s.3));
-            let mut best: Vec<(Row, Method)> = ROWS
+            // Each row's best (counted in the memory comparison below), the two fridges again
+            // weighted as published, and the fridges set by the calibration rule.
+            let mut rows: Vec<(Option<Row>, String, Method)> = ROWS
                 .iter()
                 .filter_map(|&row| {
                     let mine = searched.iter().filter(|s| s.0 == row);
-                    mine.min_by(|a, b| a.2.total_cmp(&b.2)).map(|s| (row, s.1))
+                    mine.min_by(|a, b| a.2.total_cmp(&b.2)).map(|s| (Some(row), s.1.describe(), s.1))
                 })
                 .collect();
-            // The two fridges again, weighted as published.
-            if let Some(&(_, Method::Fridges { slots_log2, p, count, .. })) = best.last() {
-                best.push((Row::TwoFridges, Method::Fridges { slots_log2, p, count, weights: Weights::Paper }));
+            if let Some(&(_, _, Method::Fridges { slots_log2, p, count, .. })) = rows.last() {
+                let paper = Method::Fridges { slots_log2, p, count, weights: Weighting::Paper };
+                rows.push((None, format!("{}, paper's weights", paper.describe()), paper));
             }
-            let rows = parallel::map(&best, |(row, method)| (*row, *method, evaluate(method, traces, &truth)));
-            for (row, method, Evaluated { errors: e, effective, .. }) in rows {
+            let largest_s = max_ms * if args.tail > 0.0 { 16e-3 } else { 1e-3 };
+            let rate = 1e9 / REQUEST_GAP_NS as f64;
+            let ruled = |slots_log2: [u32; 2], targets: [f64; 2], count: usize| {
+                let share = 1.0 / count as f64;
+                let p = targets.map(|t| entry_probability(1 << slots_log2[0], rate * share, t));
+                let method = Method::Fridges { slots_log2, p, count, weights: Weighting::Expected };
+                (None, format!("{}, by rule", method.describe()), method)
+            };
+            rows.push(ruled([m, 0], [largest_s, largest_s], 1));
+            rows.push(ruled([m - 1, m - 1], [largest_s / 16.0, largest_s], 2));
+            let rows = parallel::map(&rows, |(row, label, method)| {
+                (*row, label.clone(), *method, evaluate(method, traces, &truth))
+            });
+            for (row, label, _, Evaluated { errors: e, effective, .. }) in rows {
                 println!(
                     "{:>6}  {:<44} {:>6.3} {:>6.3} {:>6.3} {:>9.3} {:>10.0}",
                     format!("2^{m}"),
-                    method.describe(),
+                    label,
                     e[0],
                     e[1],
                     e[2],
                     e[3],
                     effective
                 );
-                if !matches!(method, Method::Fridges { weights: Weights::Paper, count: 2, .. }) {
+                if let Some(row) = row {
                     worst.push((m, row, e[3]));
                 }
             }

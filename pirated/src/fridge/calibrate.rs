@@ -13,12 +13,6 @@ pub fn entry_probability(slots: u32, offered_per_s: f64, target_s: f64) -> f64 {
     slots as f64 / waiting
 }
 
-/// Whether a request rate has moved far enough from the one the fridges were set for to set them
-/// again: more than 2× either way (§5.2: the choice tolerates 0.5–2×).
-pub fn needs_recalibration(set_for_per_s: f64, now_per_s: f64) -> bool {
-    now_per_s > 2.0 * set_for_per_s || now_per_s < 0.5 * set_for_per_s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,7 +26,5 @@ mod tests {
         assert!((4096.0 / p / 1e6 - 4.096).abs() < 1e-9, "lifetime {} s", 4096.0 / p / 1e6);
         // Few requests: every one enters.
         assert_eq!(entry_probability(4096, 100.0, 1.0), 1.0);
-        assert!(needs_recalibration(1000.0, 2001.0) && needs_recalibration(1000.0, 499.0));
-        assert!(!needs_recalibration(1000.0, 1999.0) && !needs_recalibration(1000.0, 501.0));
     }
 }

@@ -10,7 +10,13 @@ pub fn flow_hash(key: &FlowKey) -> u32 {
     const WORDS: usize = size_of::<FlowKey>() / 8;
     // SAFETY: FlowKey is 8-byte aligned, WORDS · 8 bytes long and plain data.
     let words = unsafe { &*(key as *const FlowKey as *const [u64; WORDS]) };
-    let h = words.iter().fold(0x5049_5241_5445_4421, mix); // "PIRATED!"
+    words_hash(0x5049_5241_5445_4421, words) // "PIRATED!"
+}
+
+/// A 32-bit hash of `words` from `seed`: each word multiplied in, the high bits folded down.
+#[inline(always)]
+pub fn words_hash(seed: u64, words: &[u64]) -> u32 {
+    let h = words.iter().fold(seed, mix);
     (h ^ (h >> 32)) as u32
 }
 

@@ -2,8 +2,8 @@
 //! kept from one epoch to the next and faulted in before the first needs it.
 
 /// An empty vector with room for `n` items, its memory faulted in now: after a restart that
-/// took over a full flow table, the first epoch would otherwise spend a third of its time
-/// faulting it in. (A kernel before 5.14 refuses the advice; the first epoch faults it in then.)
+/// took over a full flow table, the first epoch would otherwise fault it in within its time
+/// budget. (A kernel before 5.14 refuses the advice; the first epoch faults it in then.)
 pub fn populated<T>(n: usize) -> Vec<T> {
     let v = Vec::with_capacity(n);
     let (start, end) = (v.as_ptr() as usize, v.as_ptr() as usize + n * size_of::<T>());

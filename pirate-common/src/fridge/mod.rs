@@ -63,19 +63,16 @@ impl Fridges {
     /// a p outside (0, 1].
     pub fn new(slots_log2: &[u32], p: &[f64]) -> Option<Fridges> {
         let n = slots_log2.len();
-        if n == 0 || n > MAX_FRIDGES || p.len() != n || p.iter().any(|&p| !(p > 0.0 && p <= 1.0)) {
-            return None;
-        }
-        if slots_log2.iter().any(|&s| s > 24) {
+        let valid = (1..=MAX_FRIDGES).contains(&n) && p.len() == n;
+        if !valid || p.iter().any(|&p| !(p > 0.0 && p <= 1.0)) || slots_log2.iter().any(|&s| s > 24) {
             return None;
         }
         let mut f = Fridges { count: n as u32, ..Fridges::default() };
         let total: u64 = slots_log2.iter().map(|&s| 1u64 << s).sum();
-        let (mut first, mut seen) = (0u32, 0u64);
+        let mut seen = 0u64;
         for k in 0..n {
             f.slots_log2[k] = slots_log2[k];
-            f.first_slot[k] = first;
-            first += 1 << slots_log2[k];
+            f.first_slot[k] = seen as u32;
             f.threshold[k] = ((p[k] * 4_294_967_296.0) as u64).clamp(1, 1 << 32);
             seen += 1 << slots_log2[k];
             f.share_end[k] = (seen << 32) / total;
@@ -143,11 +140,7 @@ pub fn response(k: usize, slot: &mut Slot, id: u32, ts_ns: u64, offered: u64) ->
 /// or a DNS transaction id), as words.
 #[inline(always)]
 pub fn pair_hash(words: &[u64]) -> u32 {
-    let h = words.iter().fold(0x4652_4944_4745_5321u64, |h, w| {
-        let h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        h ^ (h >> 29)
-    });
-    (h ^ (h >> 32)) as u32
+    crate::hash::words_hash(0x4652_4944_4745_5321, words) // "FRIDGES!"
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The one place that loads, attaches and pins the XDP chain (`pirate_root`, which attaches, and
 //! the capability programs it tail-calls through `CHAIN`), advances the epoch and hands out the
-//! maps the capabilities drain. `table` maps `pirate`'s flow table into the daemon; `test_run` is
-//! the kernel call aya 0.13 lacks.
+//! maps the capabilities drain. `table` maps `pirate`'s flow table into the daemon; `test_run`
+//! and `percpu` are the kernel calls pirated makes without aya (`bpf_call`).
 
+mod bpf_call;
 pub mod memlock;
 pub mod percpu;
 pub mod pins;

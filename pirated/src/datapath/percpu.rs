@@ -1,7 +1,7 @@
 //! Reading a per-CPU array of u64 with the CPU count learned once, at load. aya 0.13 reads the
-//! possible CPUs from sysfs again on each thread that first looks such a value up; the epoch
-//! loop moves between tokio's worker threads, and where the process has run out of descriptors
-//! (a flood of metrics connections) that read failed and ended pirated.
+//! possible CPUs from sysfs again on each thread that first looks such a value up, and the epoch
+//! loop moves between tokio's worker threads: a process out of descriptors could not read its
+//! counters.
 
 use std::{
     io,
@@ -33,11 +33,6 @@ pub fn sum(map: BorrowedFd<'_>, key: u32, cpus: usize) -> io::Result<u64> {
     };
     // SAFETY: attr is a valid bpf_attr prefix for this command; key and values outlive the
     // call, and values holds a u64 for every possible CPU, which is what the kernel writes.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_ELEM, &mut attr as *mut LookupAttr, size_of::<LookupAttr>())
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { super::bpf_call::bpf(BPF_MAP_LOOKUP_ELEM, &mut attr)? };
     Ok(values.iter().sum())
 }

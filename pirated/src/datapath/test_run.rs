@@ -56,11 +56,6 @@ pub fn test_run(prog: BorrowedFd<'_>, frame: &[u8], repeat: u32, out: &mut [u8])
     };
     // SAFETY: attr is a valid bpf_attr prefix for this command; data_in and data_out outlive the
     // call, and the kernel writes at most data_size_out bytes to data_out.
-    let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &mut attr as *mut TestRunAttr, size_of::<TestRunAttr>())
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { super::bpf_call::bpf(BPF_PROG_TEST_RUN, &mut attr)? };
     Ok(TestRun { verdict: attr.retval, ns: attr.duration, out_len: attr.data_size_out as usize })
 }

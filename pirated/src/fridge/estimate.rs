@@ -14,15 +14,14 @@ pub const BINS_PER_OCTAVE: f64 = 8.0;
 /// p⁻¹(1 − p/M)^(−x) for a sample of fridge `k` that survived `x` requests, over the fridge's
 /// share of the pairs: the pairs one sample stands for.
 pub fn correction(shape: &Fridges, k: usize, survived: u64) -> f64 {
-    let (p, m) = (shape.p(k), (1u64 << shape.slots_log2[k]) as f64);
-    (-(survived as f64) * (-p / m).ln_1p()).exp() / (p * shape.share(k))
+    ln_factor(shape, k, survived as f64).exp()
 }
 
-/// ln of fridge `k`'s expected correction factor for a delay of `delay_ns`, offered
-/// `offered_per_ns` requests meanwhile: the x it survives is the requests offered during it.
-fn expected_ln_factor(shape: &Fridges, k: usize, offered_per_ns: f64, delay_ns: f64) -> f64 {
+/// ln of fridge `k`'s correction factor for `survived` requests, which may be fractional (the
+/// requests expected during a delay): computed in logarithms, so that none overflows.
+fn ln_factor(shape: &Fridges, k: usize, survived: f64) -> f64 {
     let (p, m) = (shape.p(k), (1u64 << shape.slots_log2[k]) as f64);
-    -(offered_per_ns * delay_ns) * (-p / m).ln_1p() - (p * shape.share(k)).ln()
+    -survived * (-p / m).ln_1p() - (p * shape.share(k)).ln()
 }
 
 /// How fridges' estimates in one delay bin are weighted against each other.
@@ -61,7 +60,8 @@ pub fn weighted(shape: &Fridges, samples: &[Sample], weights: Weights) -> Vec<(u
                 per_bin.entry(bin(s.delay_ns)).or_insert_with_key(|&b| {
                     let delay_ns = ((b as f64 + 0.5) / BINS_PER_OCTAVE).exp2();
                     let ln: [f64; MAX_FRIDGES] = std::array::from_fn(|k| match k < fridges {
-                        true => expected_ln_factor(shape, k, offered_per_ns[k], delay_ns),
+                        // The requests it survives: those offered during the delay.
+                        true => ln_factor(shape, k, offered_per_ns[k] * delay_ns),
                         false => f64::INFINITY,
                     });
                     // 1/c_k, scaled by the smallest c so that none overflows.

@@ -4,4 +4,5 @@
 
 pub mod calibrate;
 pub mod estimate;
+pub mod synthetic;
 pub mod table;

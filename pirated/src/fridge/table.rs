@@ -52,55 +52,31 @@ impl FridgeTable {
 
 #[cfg(test)]
 mod tests {
-    use pirate_common::fridge::pair_hash;
+    use crate::fridge::{
+        estimate::{weighted, Distribution, Weights},
+        synthetic::{fractions, Pairs, Trace},
+    };
 
     use super::*;
-    use crate::fridge::estimate::{weighted, Distribution, Weights};
 
-    /// `traces` traces of `requests` requests 1 µs apart, 40 % answered after delays log-uniform
-    /// in 1 µs–64 ms, through fridges of `shape`: the true delays; the samples corrected, with
-    /// weights from the requests offered and as published (each trace's weights as fractions of
-    /// its pairs, so that every trace counts alike, as the paper combines its runs); and the
-    /// samples unweighted.
-    fn through(shape: Fridges, traces: u64, requests: u64) -> [Distribution; 4] {
+    /// `traces` traces of pairs 1 µs apart, 40 % answered after delays log-uniform in 1 µs–64 ms,
+    /// until `samples` answered each, through fridges of `shape`: the true delays; the samples
+    /// corrected, with weights from the requests offered and as published (each trace's as
+    /// fractions of its pairs); and the samples unweighted.
+    fn through(shape: Fridges, traces: u64, samples: u64) -> [Distribution; 4] {
+        let pairs = Pairs { max_ns: 64e6, answered: 0.4, tail: 0.0 };
         let mut out: [Vec<(u64, f64)>; 4] = Default::default();
         for seed in 1..=traces {
-            let mut state = seed.wrapping_mul(0x2545_f491_4f6c_dd1d);
-            let mut uniform = move || {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                (state >> 11) as f64 / (1u64 << 53) as f64
-            };
-            let (lo, hi) = (1_000f64.ln(), 64e6f64.ln());
-            let mut events = Vec::new();
-            for i in 0..requests {
-                let id = pair_hash(&[seed, i]);
-                events.push((i * 1_000, false, id));
-                if uniform() < 0.4 {
-                    let delay = (lo + (hi - lo) * uniform()).exp() as u64;
-                    events.push((i * 1_000 + delay, true, id));
-                    out[0].push((delay, 1.0));
-                }
-            }
-            events.sort_unstable();
-            let mut table = FridgeTable::new(shape, seed);
-            let mut samples = Vec::new();
-            for (ts, response, id) in events {
-                match response {
-                    true => samples.extend(table.response(id, ts)),
-                    false => table.request(id, ts),
-                }
-            }
-            let offered_per_ns = table.offered().map(|n| n as f64 / (requests * 1_000) as f64);
+            let trace = Trace::new(pairs, samples, seed);
+            let (taken, offered_per_ns) = trace.through(shape);
+            out[0].extend(trace.delays);
             for (to, weights) in [(1, Weights::Expected { offered_per_ns }), (2, Weights::Paper)] {
-                let w = weighted(&shape, &samples, weights);
-                let sum: f64 = w.iter().map(|x| x.1).sum();
-                out[to].extend(w.into_iter().map(|(d, x)| (d, x / sum)));
+                out[to].extend(fractions(weighted(&shape, &taken, weights)));
             }
-            out[3].extend(samples.iter().map(|s| (s.delay_ns, 1.0)));
+            out[3].extend(taken.iter().map(|s| (s.delay_ns, 1.0)));
         }
         out.map(Distribution::new)
     }
-
     fn octaves(d: &Distribution, truth: &Distribution, q: f64) -> f64 {
         (d.quantile(q).unwrap() / truth.quantile(q).unwrap()).log2()
     }
@@ -110,7 +86,7 @@ mod tests {
     /// unweighted read them low.
     #[test]
     fn corrected_samples_give_the_true_quantiles() {
-        let [truth, corrected, _, raw] = through(Fridges::new(&[10], &[1.0 / 16.0]).unwrap(), 8, 400_000);
+        let [truth, corrected, _, raw] = through(Fridges::new(&[10], &[1.0 / 16.0]).unwrap(), 8, 160_000);
         for q in [0.5, 0.9, 0.95] {
             let (c, r) = (octaves(&corrected, &truth, q), octaves(&raw, &truth, q));
             eprintln!("p{}: corrected {c:+.3}, unweighted {r:+.3} octaves", q * 100.0);
@@ -126,7 +102,7 @@ mod tests {
     #[test]
     fn fridges_of_unlike_lifetimes_combine_without_bias() {
         let shape = Fridges::new(&[9, 9], &[1.0 / 4.0, 1.0 / 64.0]).unwrap();
-        let [truth, expected, paper, _] = through(shape, 4, 1_000_000);
+        let [truth, expected, paper, _] = through(shape, 4, 400_000);
         for q in [0.5, 0.9, 0.95] {
             let (e, p) = (octaves(&expected, &truth, q), octaves(&paper, &truth, q));
             eprintln!("p{}: expected factors {e:+.3}, paper's weights {p:+.3} octaves", q * 100.0);

@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use pirate_common::fridge::{pair_hash, Fridges};
+use pirate_common::fridge::Fridges;
 use pirated::{
     fridge::{
         calibrate::entry_probability,
         estimate::{weighted, Distribution, Weights},
-        table::FridgeTable,
+        synthetic::{fractions, Pairs, Trace, REQUEST_GAP_NS},
     },
     parallel,
 };
@@ -48,65 +48,8 @@ struct Args {
     search_seeds: u64,
 }
 
-const REQUEST_GAP_NS: u64 = 1_000;
-const MIN_DELAY_NS: f64 = 1_000.0;
 /// The first seed of the traces the parameters are searched on.
 const SEARCH_SEEDS: u64 = 1 << 32;
-
-#[derive(Clone, Copy)]
-struct Event {
-    ts_ns: u64,
-    id: u32,
-    response: bool,
-}
-
-struct Trace {
-    seed: u64,
-    /// From the first request to the last.
-    span_ns: u64,
-    events: Vec<Event>,
-    /// The true delays, weighted 1.
-    delays: Vec<(u64, f64)>,
-}
-
-/// xorshift64*: uniform in [0, 1).
-fn uniform(state: &mut u64) -> f64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// What the traces' pairs look like besides their largest delay T.
-#[derive(Clone, Copy)]
-struct Pairs {
-    answered: f64,
-    /// The fraction of delays log-uniform in (T, 16 T) instead.
-    tail: f64,
-}
-
-fn trace(max_ms: f64, pairs: Pairs, samples: u64, seed: u64) -> Trace {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let (lo, hi) = (MIN_DELAY_NS.ln(), (max_ms * 1e6).ln());
-    let tail_hi = hi + 16f64.ln();
-    let mut events = Vec::new();
-    let mut delays = Vec::new();
-    let mut i = 0u64;
-    while (delays.len() as u64) < samples {
-        let ts_ns = i * REQUEST_GAP_NS;
-        let id = pair_hash(&[seed, i]);
-        events.push(Event { ts_ns, id, response: false });
-        if uniform(&mut state) < pairs.answered {
-            let (from, to) = if uniform(&mut state) < pairs.tail { (hi, tail_hi) } else { (lo, hi) };
-            let delay = (from + (to - from) * uniform(&mut state)).exp() as u64;
-            events.push(Event { ts_ns: ts_ns + delay, id, response: true });
-            delays.push((delay, 1.0));
-        }
-        i += 1;
-    }
-    events.sort_by_key(|e| (e.ts_ns, e.response));
-    Trace { seed, span_ns: i * REQUEST_GAP_NS, events, delays }
-}
 
 /// How the fridges' estimates are weighted (see `pirated::fridge::estimate::Weights`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +86,7 @@ impl Method {
     }
 
     /// The trace through this method: weighted delays, and the events per second it ran at.
-    fn run(&self, trace: &Trace, seed: u64) -> (Vec<(u64, f64)>, f64) {
+    fn run(&self, trace: &Trace) -> (Vec<(u64, f64)>, f64) {
         let started = Instant::now();
         let out = match *self {
             Method::Naive { slots_log2, expiry_ns } => {
@@ -151,37 +94,24 @@ impl Method {
                 let mut slots = vec![(0u32, 0u64); 1 << slots_log2];
                 let mut out = Vec::new();
                 for e in &trace.events {
-                    let id = e.id ^ seed as u32;
-                    let slot = &mut slots[place.place(id).1 as usize];
+                    let slot = &mut slots[place.place(e.id).1 as usize];
                     if e.response {
-                        if slot.1 != 0 && slot.0 == id {
+                        if slot.1 != 0 && slot.0 == e.id {
                             out.push((e.ts_ns - slot.1, 1.0));
                             *slot = (0, 0);
                         }
                     } else if slot.1 == 0 || expiry_ns == 0 || e.ts_ns - slot.1 > expiry_ns {
-                        *slot = (id, e.ts_ns.max(1));
+                        *slot = (e.id, e.ts_ns.max(1));
                     }
                 }
                 out
             }
             Method::Fridges { slots_log2, p, count, weights } => {
                 let shape = Fridges::new(&slots_log2[..count], &p[..count]).expect("a valid shape");
-                let mut table = FridgeTable::new(shape, seed);
-                let mut samples = Vec::new();
-                for e in &trace.events {
-                    let id = e.id ^ seed as u32;
-                    if e.response {
-                        samples.extend(table.response(id, e.ts_ns));
-                    } else {
-                        table.request(id, e.ts_ns);
-                    }
-                }
-                let span_ns = trace.span_ns as f64;
+                let (samples, offered_per_ns) = trace.through(shape);
                 let weights = match weights {
                     Weighting::Paper => Weights::Paper,
-                    Weighting::Expected => {
-                        Weights::Expected { offered_per_ns: table.offered().map(|n| n as f64 / span_ns) }
-                    }
+                    Weighting::Expected => Weights::Expected { offered_per_ns },
                 };
                 weighted(&shape, &samples, weights)
             }
@@ -248,15 +178,14 @@ struct Evaluated {
     effective: f64,
 }
 
-/// A method over the traces (each run with the trace's seed), their estimates combined with every
-/// run's weights as fractions of its pairs, so that each counts alike.
+/// A method over the traces, their estimates combined as fractions of each run's pairs.
 fn evaluate(method: &Method, traces: &[Trace], truth: &Distribution) -> Evaluated {
     let mut combined = Vec::new();
     let (mut rate, mut effective) = (0.0, 0.0);
     for t in traces {
-        let (w, r) = method.run(t, t.seed);
+        let (w, r) = method.run(t);
         let (sum, squares) = w.iter().fold((0.0, 0.0), |(s, q), x| (s + x.1, q + x.1 * x.1));
-        combined.extend(w.into_iter().map(|(d, x)| (d, x / sum)));
+        combined.extend(fractions(w));
         rate += r / traces.len() as f64;
         effective += sum * sum / squares / traces.len() as f64;
     }
@@ -275,13 +204,13 @@ fn main() -> Result<()> {
     if !(args.answered > 0.0 && args.answered <= 1.0 && (0.0..=1.0).contains(&args.tail)) {
         bail!("--answered must be in (0, 1] and --tail in [0, 1]");
     }
-    let pairs = Pairs { answered: args.answered, tail: args.tail };
     let mut rates = Vec::new();
     for &max_ms in &args.max_ms {
+        let pairs = Pairs { max_ns: max_ms * 1e6, answered: args.answered, tail: args.tail };
         // The parameters are searched for on seeds of their own, so that a choice that was lucky
         // there is not reported on the same draws.
         let seeds: Vec<u64> = (0..args.seeds).chain((0..args.search_seeds).map(|s| SEARCH_SEEDS + s)).collect();
-        let traces: Vec<Trace> = parallel::map(&seeds, |&s| trace(max_ms, pairs, args.samples, s));
+        let traces: Vec<Trace> = parallel::map(&seeds, |&s| Trace::new(pairs, args.samples, s));
         let (traces, search) = traces.split_at(args.seeds as usize);
         let (search_truth, truth) = (truth_of(search), truth_of(traces));
         println!(
@@ -323,7 +252,7 @@ fn main() -> Result<()> {
             let rate = 1e9 / REQUEST_GAP_NS as f64;
             let ruled = |slots_log2: [u32; 2], targets: [f64; 2], count: usize| {
                 let share = 1.0 / count as f64;
-                let p = targets.map(|t| entry_probability(1 << slots_log2[0], rate * share, t));
+                let p = std::array::from_fn(|k| entry_probability(1 << slots_log2[k], rate * share, targets[k]));
                 let method = Method::Fridges { slots_log2, p, count, weights: Weighting::Expected };
                 (None, format!("{}, by rule", method.describe()), method)
             };

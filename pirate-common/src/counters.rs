@@ -10,7 +10,8 @@ pub const PURE_ACK: u32 = 1;
 pub const NOT_IP: u32 = 2;
 /// Truncated or inconsistent headers.
 pub const MALFORMED: u32 = 3;
-/// IP but neither TCP nor UDP, an IP fragment, or ESP: nothing to key a flow on.
+/// IP but neither TCP nor UDP, an IP fragment, or ESP: nothing to key a flow on. ICMP echoes
+/// reach the fridge, then `pirate` counts them here.
 pub const UNSUPPORTED: u32 = 4;
 /// The flow table could not take a new flow.
 pub const MAP_FULL: u32 = 5;
@@ -35,8 +36,12 @@ pub const EVENT_FLOW_INSERTED: u32 = 12;
 /// Event: `pirate_flow` could not be reached (missing from `PIRATE_FLOW`): a new flow's packet
 /// went unmeasured (`map_full`), a known flow's into the epoch the flow held.
 pub const EVENT_NO_FLOW_PROGRAM: u32 = 13;
+/// Event: `fridge` matched a response to its waiting request and sent the sample.
+pub const EVENT_FRIDGE_SAMPLE_SENT: u32 = 14;
+/// Event: a fridge sample could not be sent (its ring buffer full).
+pub const EVENT_FRIDGE_SAMPLE_LOST: u32 = 15;
 
-pub const COUNT: u32 = 14;
+pub const COUNT: u32 = 16;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -54,6 +59,8 @@ pub const NAMES: [&str; COUNT as usize] = [
     "no_tail_call",
     "flow_inserted",
     "no_flow_program",
+    "fridge_sample_sent",
+    "fridge_sample_lost",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

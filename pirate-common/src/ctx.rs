@@ -6,7 +6,9 @@ use crate::key::FlowKey;
 
 /// `CHAIN` slot of `pirate` (inter-packet-gap modes). Capabilities run in slot order.
 pub const CHAIN_PIRATE: u32 = 0;
-/// Slots in `CHAIN`: `pirate`, and the ones the fridge and two-point programs will take.
+/// `CHAIN` slot of `fridge` (request→response delays).
+pub const CHAIN_FRIDGE: u32 = 1;
+/// Slots in `CHAIN`: `pirate`, `fridge`, and the ones the two-point programs will take.
 pub const CHAIN_SLOTS: u32 = 4;
 /// Slots in `FORWARD`, Katran's root-array convention: a balancer registers itself at a
 /// configured position (Katran's `rootMapPos`, default 2); the first filled slot takes the
@@ -43,9 +45,15 @@ pub struct PacketCtx {
     /// here, and reads it back as a value the verifier knows nothing of, so that it walks the
     /// per-packet step once, not once per way.
     pub way: u32,
+    /// The four bytes after the transport header, big-endian: a UDP datagram's first (a DNS
+    /// transaction id and flags), an ICMP echo's identifier and sequence number; else 0.
+    pub head: u32,
+    /// An ICMP echo's type (request 8, reply 0; ICMPv6 128, 129); else 0.
+    pub icmp_type: u8,
+    pub _pad: [u8; 3],
 }
 
-const _: () = assert!(size_of::<PacketCtx>() == 72);
+const _: () = assert!(size_of::<PacketCtx>() == 80);
 
 // SAFETY: plain data, no padding (the size assertion above).
 #[cfg(feature = "user")]

@@ -1,10 +1,10 @@
 //! The datapath's map names, as `pirate-ebpf` declares them (`#[map]` takes the static's name,
 //! a literal) and pirated looks them up: pirated checks at load that each is in the object. All
-//! but `RECORDS` are pinned by name in the instance's pin directory.
+//! but the ring buffers are pinned by name in the instance's pin directory.
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -32,5 +32,29 @@ pub const PIRATE_FLOW: &str = "PIRATE_FLOW";
 /// `pirate`'s hand-over ring buffer of finished flow epochs.
 pub const RECORDS: &str = "RECORDS";
 
-pub const ALL: [&str; 11] =
-    [CONFIG, EPOCH, COUNTERS, CTX, CHAIN, FORWARD, FLOWS, FLOWS_WIDE, V6_NAMES, PIRATE_FLOW, RECORDS];
+/// The fridges' shape and enabled classes (`fridge::Fridges`), written by pirated.
+pub const FRIDGE_SHAPE: &str = "FRIDGE_SHAPE";
+/// Every fridge's slots, one array (`fridge::Slot`), fridge k's from `Fridges::first_slot[k]`.
+pub const FRIDGE_SLOTS: &str = "FRIDGE_SLOTS";
+/// The requests offered to each fridge (`u64`, shared by all CPUs, added atomically).
+pub const FRIDGE_OFFERED: &str = "FRIDGE_OFFERED";
+/// The fridges' samples (`fridge::Sample`), to pirated.
+pub const FRIDGE_SAMPLES: &str = "FRIDGE_SAMPLES";
+
+pub const ALL: [&str; 15] = [
+    CONFIG,
+    EPOCH,
+    COUNTERS,
+    CTX,
+    CHAIN,
+    FORWARD,
+    FLOWS,
+    FLOWS_WIDE,
+    V6_NAMES,
+    PIRATE_FLOW,
+    RECORDS,
+    FRIDGE_SHAPE,
+    FRIDGE_SLOTS,
+    FRIDGE_OFFERED,
+    FRIDGE_SAMPLES,
+];

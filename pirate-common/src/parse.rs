@@ -41,6 +41,11 @@ const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMPV6: u8 = 58;
+/// ICMP echo types, request then reply, of ICMP and ICMPv6.
+pub const ICMP_ECHO: [u8; 2] = [8, 0];
+pub const ICMPV6_ECHO: [u8; 2] = [128, 129];
 const MAX_VLAN_TAGS: usize = 2;
 const MAX_V6_EXT_HEADERS: usize = 6;
 
@@ -80,6 +85,8 @@ pub fn parse<F: Frame + ?Sized>(f: &F, ctx: &mut PacketCtx) -> Result<(), Reject
     match ctx.key.proto {
         IPPROTO_TCP => tcp(f, l4, l4_len, ctx),
         IPPROTO_UDP => udp(f, l4, l4_len, ctx),
+        IPPROTO_ICMP => echo(f, l4, ICMP_ECHO, ctx),
+        IPPROTO_ICMPV6 => echo(f, l4, ICMPV6_ECHO, ctx),
         _ => Err(Reject::Unsupported),
     }
 }
@@ -182,6 +189,22 @@ fn udp<F: Frame + ?Sized>(f: &F, off: usize, seg_len: usize, ctx: &mut PacketCtx
     ctx.key.sport = u16::from_be_bytes([hdr[0], hdr[1]]);
     ctx.key.dport = u16::from_be_bytes([hdr[2], hdr[3]]);
     ctx.payload = clamp16(seg_len - 8);
+    if ctx.payload >= 4 {
+        ctx.head = u32::from_be_bytes(f.read(off + 8).ok_or(Reject::Malformed)?);
+    }
+    Ok(())
+}
+
+/// An ICMP echo request or reply of the given types (request, reply); other ICMP messages carry
+/// nothing a capability reads.
+#[inline(always)]
+fn echo<F: Frame + ?Sized>(f: &F, off: usize, types: [u8; 2], ctx: &mut PacketCtx) -> Result<(), Reject> {
+    let hdr: [u8; 8] = f.read(off).ok_or(Reject::Malformed)?;
+    if hdr[0] != types[0] && hdr[0] != types[1] {
+        return Err(Reject::Unsupported);
+    }
+    ctx.icmp_type = hdr[0];
+    ctx.head = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
     Ok(())
 }
 

@@ -375,7 +375,8 @@ impl Pkt {
                 t.extend_from_slice(&((UDP_LEN + self.payload) as u16).to_be_bytes());
                 t.extend_from_slice(&[0, 0]);
             }
-            L4::Other(_) => t.extend_from_slice(&[8, 0, 0, 0, 0, 1, 0, 1]),
+            // ICMP's destination unreachable, ICMPv6's time exceeded: no echo.
+            L4::Other(_) => t.extend_from_slice(&[3, 0, 0, 0, 0, 1, 0, 1]),
         }
         t.extend((0..self.payload).map(|i| (i as u8) ^ 0x5a));
         t
@@ -752,6 +753,36 @@ fn other_ip_protocols_are_unsupported() {
             let pkt = Pkt::tcp6(0, 40, exts).l4(L4::Other(proto));
             assert_eq!(parse_bytes(&pkt.build().bytes), Err(Reject::Unsupported), "IPv6 next {proto}");
         }
+    }
+}
+
+/// ICMP echoes (for the fridge's `icmp-echo` class) parse, with their type and their identifier
+/// and sequence number in `head`; other ICMP messages stay unsupported.
+#[test]
+fn icmp_echoes_parse_with_their_id_and_sequence() {
+    for (proto, build) in [(PROTO_ICMP, Pkt::tcp4(0, 40)), (PROTO_ICMPV6, Pkt::tcp6(0, 40, vec![Ext::HopByHop(0)]))] {
+        let (request, reply) = if proto == PROTO_ICMP { (8, 0) } else { (128, 129) };
+        for (t, ok) in [(request, true), (reply, true), (3, false), (11, false), (request + 2, false)] {
+            let mut built = build.clone().l4(L4::Other(proto)).build();
+            built.bytes[built.l4] = t;
+            match parse_ctx(&built.bytes) {
+                Ok(ctx) => {
+                    assert!(ok, "proto {proto} type {t} parsed");
+                    assert_eq!((ctx.icmp_type, ctx.head, ctx.key.proto), (t, 0x0001_0001, proto));
+                    assert_eq!((ctx.key.sport, ctx.key.dport, ctx.l4_off as usize), (0, 0, built.l4));
+                }
+                Err(e) => assert!(!ok && e == Reject::Unsupported, "proto {proto} type {t}: {e:?}"),
+            }
+        }
+    }
+}
+
+/// A UDP datagram's first four payload bytes (a DNS transaction id and flags) land in `head`.
+#[test]
+fn udp_datagrams_carry_their_first_four_bytes() {
+    for (payload, head) in [(0, 0), (3, 0), (4, 0x5a5b_5859), (100, 0x5a5b_5859)] {
+        let ctx = parse_ctx(&Pkt::udp4(payload).build().bytes).unwrap();
+        assert_eq!(ctx.head, head, "{payload} bytes");
     }
 }
 

@@ -1,10 +1,13 @@
 //! pirated's XDP programs. `pirate_root` attaches to the interface, parses each frame once and
-//! tail-calls the enabled capabilities in `CHAIN` order, then the forwarder slots, then passes.
+//! tail-calls the enabled capabilities (`pirate`, `fridge`) in `CHAIN` order, then the forwarder slots, then passes.
 //! Measuring programs never drop or alter a packet: every failure is counted and passed on.
 #![no_std]
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 #![no_main]
 
 mod chain;
+mod fridge;
 mod maps;
 mod pirate;
 mod root;

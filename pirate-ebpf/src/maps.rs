@@ -1,5 +1,5 @@
 //! Every map of the datapath, named as `pirated` looks them up. All but the per-CPU blank state
-//! and the hand-over ring are pinned by name, so that a restarted pirated's programs share them
+//! and the ring buffers are pinned by name, so that a restarted pirated's programs share them
 //! with the running ones. Each daemon consumes a ring of its own: what the old ring holds when a
 //! new daemon starts is stale (its first epoch flip comes after its programs are in place), and
 //! aya 0.13's reader cannot resume a ring another reader consumed from.
@@ -12,6 +12,7 @@ use aya_ebpf::{
 use pirate_common::{
     counters,
     ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
+    fridge::{Fridges, Slot, MAX_FRIDGES},
     key::FlowId,
     pirate::{
         config::{Params, MODES_COMPACT, MODES_WIDE},
@@ -53,6 +54,20 @@ pub static PIRATE_FLOW: ProgramArray = ProgramArray::pinned(1, 0);
 /// Finished epochs of flows that saw a packet after the epoch changed.
 #[map]
 pub static RECORDS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+/// The fridges' shape and enabled classes, written by pirated (it recalibrates the entry
+/// probabilities here).
+#[map]
+pub static FRIDGE_SHAPE: Array<Fridges> = Array::pinned(1, 0);
+/// Every fridge's slots; pirated sizes it.
+#[map]
+pub static FRIDGE_SLOTS: Array<Slot> = Array::pinned(1, 0);
+/// Requests offered to each fridge, over all CPUs.
+#[map]
+pub static FRIDGE_OFFERED: Array<u64> = Array::pinned(MAX_FRIDGES as u32, 0);
+/// Samples, to pirated; pirated sizes it.
+#[map]
+pub static FRIDGE_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
 #[inline(always)]
 pub fn count(index: u32) {

@@ -14,6 +14,7 @@ use pirate_common::{
     pirate::{
         config::Params,
         flow::{EpochRecord, FlowState},
+        measures,
         table::{sets_of, Set, WAYS},
         tracker::{packet, roll_epoch, Step},
     },
@@ -100,6 +101,9 @@ fn state<'a, const M: usize>(pkt: &mut PacketCtx, set: &'a mut Set<M>, way: usiz
 #[inline(always)]
 fn measure<const M: usize>(ctx: &XdpContext, flows: &Array<Set<M>>) {
     let Some(f) = find(flows) else { return count(counters::MAP_FULL) };
+    if !measures(f.pkt) {
+        return count(counters::UNSUPPORTED);
+    }
     if f.way >= WAYS || f.set.states[f.way & (WAYS - 1)].epoch != f.epoch {
         // SAFETY: returns only if the slot is empty or the call fails.
         unsafe { PIRATE_FLOW.tail_call(ctx, 0) };

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     config::Config,
+    fridge::report::Window,
     json::{JsonLines, Sent},
     metrics::Metrics,
     pirate::{
@@ -68,13 +69,42 @@ impl std::os::fd::AsRawFd for Borrowed {
     }
 }
 
-/// Waits for records in the hand-over ring and drops them: between a drain and the next epoch
-/// flip, every record is stale.
-async fn discard_when_ready(ring: &AsyncFd<Borrowed>, live: &mut Live) -> anyhow::Result<()> {
-    let mut guard = ring.readable().await?;
-    live.discard_stale();
-    guard.clear_ready();
+/// Waits for records in the hand-over ring and drops them (between a drain and the next epoch
+/// flip, every record is stale), or for fridge samples and collects them.
+async fn empty_when_ready(
+    ring: &AsyncFd<Borrowed>,
+    samples: Option<&AsyncFd<Borrowed>>,
+    live: &mut Live,
+) -> anyhow::Result<()> {
+    let samples_ready = async {
+        match samples {
+            Some(fd) => fd.readable().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        guard = ring.readable() => {
+            let mut guard = guard?;
+            live.discard_stale();
+            guard.clear_ready();
+        }
+        guard = samples_ready => {
+            let mut guard = guard?;
+            live.collect_samples();
+            guard.clear_ready();
+        }
+    }
     Ok(())
+}
+
+/// Watches a ring buffer's descriptor for readiness.
+///
+/// # Safety
+/// `fd` must stay open while the returned value lives (the live source owns it).
+unsafe fn watch(fd: std::os::fd::RawFd, what: &str) -> anyhow::Result<AsyncFd<Borrowed>> {
+    // SAFETY: the caller keeps `fd` open.
+    unsafe { AsyncFd::register_with_interest(Borrowed(fd), Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("watching {what}: {e}"))
 }
 
 /// Runs epochs until `shutdown` resolves; the partial epoch is closed and reported then too, as
@@ -88,9 +118,11 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let pipeline = Pipeline::new(config, json);
     let lines = if json { Some(JsonLines::spawn().context("starting the JSON lines writer")?) } else { None };
-    // SAFETY: the ring buffer's descriptor belongs to `live`, which outlives `ring` (this function).
-    let ring = unsafe { AsyncFd::register_with_interest(Borrowed(live.records_fd()), Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("watching the hand-over ring buffer: {e}"))?;
+    // SAFETY: the ring buffers' descriptors belong to `live`, which outlives these (this
+    // function).
+    let ring = unsafe { watch(live.records_fd(), "the hand-over ring buffer")? };
+    let samples = live.samples_fd().map(|fd| unsafe { watch(fd, "the fridge sample ring buffer") }).transpose()?;
+    let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
     let mut tick = interval(config.epoch.0);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
@@ -103,37 +135,51 @@ pub async fn run(
         let stopping = tokio::select! {
             _ = tick.tick() => false,
             _ = &mut shutdown => true,
-            ready = discard_when_ready(&ring, live) => {
+            ready = empty_when_ready(&ring, samples.as_ref(), live) => {
                 ready?;
                 continue;
             }
         };
         let started = Instant::now();
-        let (data, kernel) = live.close_epoch(flows)?;
+        let (mut data, kernel) = live.close_epoch(flows)?;
         if kernel.unnamed > 0 {
             warn!(count = kernel.unnamed, "left out IPv6 flows whose addresses never arrived (V6_NAMES full)");
         }
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
+        let mut window_moved = window.take();
         let work = tokio::task::spawn_blocking(move || {
+            let epoch = data.epoch;
+            let fridge_data = data.fridge.take();
             let report = pipeline.run(data, scratch);
+            let fridge = window_moved.as_mut().zip(fridge_data).map(|(w, f)| w.close(epoch, f));
             let mut text = Vec::new();
-            let written = if json { report.write_json(&mut text) } else { Ok(()) };
-            written.map(|()| (report, text))
+            if json {
+                report.write_json(&mut text)?;
+                if let Some(f) = &fridge {
+                    f.write_json(&mut text)?;
+                }
+            }
+            Ok::<_, std::io::Error>((report, fridge, window_moved, text))
         });
         tokio::pin!(work);
         // Flows go on rolling over meanwhile, and their records are stale: the ring holds only
         // what a few milliseconds bring.
-        let (report, text) = loop {
+        let (report, fridge, window_back, text) = loop {
             tokio::select! {
                 done = &mut work => break done??,
-                ready = discard_when_ready(&ring, live) => ready?,
+                ready = empty_when_ready(&ring, samples.as_ref(), live) => ready?,
             }
         };
+        window = window_back;
+        if let Some(shape) = fridge.as_ref().and_then(|f| f.recalibrated) {
+            live.reshape_fridges(shape)?;
+            info!(p = ?(0..shape.count as usize).map(|k| shape.p(k)).collect::<Vec<_>>(), "fridges recalibrated");
+        }
         let sent = lines.as_ref().map(|l| l.send(text));
         let mut m = metrics.lock().unwrap();
-        m.publish(&report, &kernel);
+        m.publish(&report, fridge.as_ref(), &kernel);
         m.observe_epoch_time(started.elapsed());
         match sent {
             Some(Sent::Dropped) => m.json_epoch_dropped(),

@@ -1,6 +1,8 @@
 //! A Prometheus histogram filled a batch at a time: an epoch observes a value per flow, and
 //! `prometheus_client`'s histogram takes a lock and scans its buckets for each one (about
 //! 45 ms for a million flows); here the buckets are found on every CPU and added under one lock.
+//! Observations may carry weights (a fridge sample stands for the pairs its correction factor
+//! says): counts are kept as reals and exposed rounded.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,8 +15,8 @@ use prometheus_client::{
 #[derive(Debug)]
 struct Inner {
     sum: f64,
-    count: u64,
-    buckets: Vec<(f64, u64)>,
+    count: f64,
+    buckets: Vec<(f64, f64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -25,21 +27,34 @@ pub struct BatchHistogram {
 impl BatchHistogram {
     /// Buckets with these upper bounds (ascending), and one for the rest (+Inf).
     pub fn new(bounds: impl IntoIterator<Item = f64>) -> BatchHistogram {
-        let mut buckets: Vec<(f64, u64)> = bounds.into_iter().map(|b| (b, 0)).collect();
-        buckets.push((f64::INFINITY, 0));
-        BatchHistogram { inner: Arc::new(Mutex::new(Inner { sum: 0.0, count: 0, buckets })) }
+        let mut buckets: Vec<(f64, f64)> = bounds.into_iter().map(|b| (b, 0.0)).collect();
+        buckets.push((f64::INFINITY, 0.0));
+        BatchHistogram { inner: Arc::new(Mutex::new(Inner { sum: 0.0, count: 0.0, buckets })) }
+    }
+
+    /// Observes each (value, weight): the value's bucket and the count grow by the weight, the
+    /// sum by value × weight.
+    pub fn observe_weighted(&self, items: impl IntoIterator<Item = (f64, f64)>) {
+        let mut inner = self.inner.lock().unwrap();
+        for (v, w) in items {
+            let last = inner.buckets.len() - 1;
+            let bucket = if v.is_nan() { last } else { inner.buckets.partition_point(|b| b.0 < v).min(last) };
+            inner.buckets[bucket].1 += w;
+            inner.sum += v * w;
+            inner.count += w;
+        }
     }
 
     /// Observes every value (a value on a bound falls in that bound's bucket; NaN in +Inf's).
     pub fn observe_all<T: Sync>(&self, items: &[T], value: impl Fn(&T) -> Option<f64> + Sync) {
         let bounds: Vec<f64> = self.inner.lock().unwrap().buckets.iter().map(|b| b.0).collect();
         let partial = crate::parallel::chunks(items, |chunk| {
-            let (mut sum, mut count, mut counts) = (0.0, 0u64, vec![0u64; bounds.len()]);
+            let (mut sum, mut count, mut counts) = (0.0, 0.0, vec![0.0; bounds.len()]);
             for v in chunk.iter().filter_map(&value) {
                 sum += v;
-                count += 1;
+                count += 1.0;
                 let bucket = if v.is_nan() { bounds.len() - 1 } else { bounds.partition_point(|&b| b < v) };
-                counts[bucket.min(bounds.len() - 1)] += 1;
+                counts[bucket.min(bounds.len() - 1)] += 1.0;
             }
             (sum, count, counts)
         });
@@ -59,7 +74,21 @@ impl TypedMetric for BatchHistogram {
 impl EncodeMetric for BatchHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         let inner = self.inner.lock().unwrap();
-        encoder.encode_histogram::<NoLabelSet>(inner.sum, inner.count, &inner.buckets, None)
+        // Rounded as running sums, so that the exposed cumulative counts stay within ½ of the
+        // weights'.
+        let (mut running, mut exposed) = (0.0, 0u64);
+        let buckets: Vec<(f64, u64)> = inner
+            .buckets
+            .iter()
+            .map(|&(bound, n)| {
+                running += n;
+                let upto = running.round() as u64;
+                let here = upto.saturating_sub(exposed);
+                exposed = exposed.max(upto);
+                (bound, here)
+            })
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(inner.sum, inner.count.round() as u64, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {

@@ -167,7 +167,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding the metrics listener on {}", config.metrics.listen))?;
         tracing::info!(listen = %config.metrics.listen, "serving /metrics");
         let shutdown = shutdown_signal()?;
-        let mut live = Live::new(Datapath::attach(&config)?)?;
+        let mut live = Live::new(Datapath::attach(&config)?, &config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let json = args.output == Some(Output::Json);
         let result = epoch::run(&config, &mut live, metrics, json, shutdown).await;

@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 use pirate_common::counters;
 
 use crate::{
+    fridge::{self, report::FridgeReport},
     pirate::{self, report::EpochReport},
     source::Kernel,
 };
@@ -36,6 +37,7 @@ struct OutcomeLabel {
 pub struct Metrics {
     registry: Registry,
     pirate: pirate::metrics::Metrics,
+    fridge: fridge::metrics::Metrics,
     last_epoch: Gauge<f64, AtomicU64>,
     tail_call_misses: Counter,
     packets: Family<OutcomeLabel, Counter>,
@@ -57,8 +59,10 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("pirated");
         let pirate = pirate::metrics::Metrics::register(&mut registry);
+        let fridge = fridge::metrics::Metrics::register(&mut registry);
         let m = Metrics {
             pirate,
+            fridge,
             last_epoch: Gauge::default(),
             tail_call_misses: Counter::default(),
             packets: Family::default(),
@@ -104,11 +108,14 @@ impl Metrics {
     }
 
     /// Publishes one epoch: per-label gauges are replaced, counters advance.
-    pub fn publish(&mut self, report: &EpochReport, kernel: &Kernel) {
+    pub fn publish(&mut self, report: &EpochReport, fridge: Option<&FridgeReport>, kernel: &Kernel) {
         let now = &kernel.counters;
         let delta: [u64; counters::COUNT as usize] =
             std::array::from_fn(|i| now[i].saturating_sub(self.last_kernel[i]));
         self.pirate.publish(report, kernel, &delta);
+        if let Some(f) = fridge {
+            self.fridge.publish(f, &delta);
+        }
         for (d, name) in delta.iter().zip(counters::NAMES).take(counters::OUTCOMES as usize) {
             self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(*d);
         }

@@ -19,7 +19,7 @@ use pirate_tests::{
 };
 use pirated::{
     config::Config,
-    datapath::{test_run::test_run, Datapath},
+    datapath::{test_run::test_run, Capability, Datapath},
 };
 use proptest::{
     prelude::*,
@@ -136,11 +136,11 @@ fn an_empty_capability_slot_is_skipped_and_a_filled_one_taken() -> Result<()> {
         let after = dp.counters()?;
         Ok(std::array::from_fn(|i| after[i] - before[i]))
     };
-    dp.chain_pirate(false)?;
+    dp.chain(Capability::Pirate, false)?;
     let empty = run(&dp)?;
     ensure!(outcomes(&empty) == 0, "pirate unchained, yet an outcome was counted: {empty:?}");
     ensure!(empty[counters::EVENT_NO_TAIL_CALL as usize] == 1, "{empty:?}");
-    dp.chain_pirate(true)?;
+    dp.chain(Capability::Pirate, true)?;
     let filled = run(&dp)?;
     ensure!(filled[counters::NEW_FLOW as usize] == 1 && outcomes(&filled) == 1, "{filled:?}");
     ensure!(filled[counters::EVENT_NO_TAIL_CALL as usize] == 1, "{filled:?}");

@@ -252,10 +252,22 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
     ensure!(attached(&tb)?, "no XDP program on {VP_CLIENT_IF}");
     let found = pins(&root.path, tb.vp.name())?;
-    // Every map but the per-CPU blank state and the hand-over ring, the layout marker and the
-    // link on the interface.
-    let maps =
-        ["CHAIN", "CONFIG", "COUNTERS", "CTX", "EPOCH", "FLOWS", "FLOWS_WIDE", "FORWARD", "PIRATE_FLOW", "V6_NAMES"];
+    // Every map but the ring buffers, the layout marker and the link on the interface.
+    let maps = [
+        "CHAIN",
+        "CONFIG",
+        "COUNTERS",
+        "CTX",
+        "EPOCH",
+        "FLOWS",
+        "FLOWS_WIDE",
+        "FORWARD",
+        "FRIDGE_OFFERED",
+        "FRIDGE_SHAPE",
+        "FRIDGE_SLOTS",
+        "PIRATE_FLOW",
+        "V6_NAMES",
+    ];
     let (listed, rest) = found.split_at(maps.len().min(found.len()));
     ensure!(listed == maps, "pins: {found:?}");
     ensure!(rest.len() == 2 && rest[0].starts_with("layout-v"), "pins: {found:?}");
@@ -383,7 +395,8 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     ensure!(map_id(&dir.join("FORWARD"))? == forward, "FORWARD was replaced");
     ensure!(map_id(&dir.join("FLOWS"))? != flows, "the flow table of the old layout was reused");
     let marker = |pins: &[String]| pins.iter().filter(|p| p.starts_with("layout-")).cloned().collect::<Vec<_>>();
-    let expected = format!("layout-v{}-compact-flows1024", pirate_common::maps::LAYOUT_VERSION);
+    let fridge_slots = pirated::config::Config::default().fridge.shape().slots();
+    let expected = format!("layout-v{}-compact-flows1024-fridge{fridge_slots}", pirate_common::maps::LAYOUT_VERSION);
     ensure!(marker(&after) == [expected], "markers {:?} (before {:?})", marker(&after), marker(&before));
     ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");
     Ok(())

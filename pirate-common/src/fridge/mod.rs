@@ -9,6 +9,11 @@
 //! with probability p_k/M_k, and a sample that survived x of them was kept with probability
 //! p_k·(1 − p_k/M_k)^x: its correction factor is the inverse, over the fridge's share.
 
+pub mod class;
+
+use crate::ctx::PacketCtx;
+use class::Event;
+
 /// Fridges a configuration may have.
 pub const MAX_FRIDGES: usize = 4;
 
@@ -28,13 +33,22 @@ pub struct Slot {
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for Slot {}
 
-/// A response's match: the delay and the requests offered to its fridge meanwhile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A response's match: the delay and the requests offered to its fridge meanwhile; the record
+/// the datapath sends pirated.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sample {
-    pub fridge: u8,
     pub delay_ns: u64,
     pub survived: u64,
+    pub fridge: u8,
+    /// The pair's class (`class::NAMES`).
+    pub class: u8,
+    pub _pad: [u8; 6],
 }
+
+// SAFETY: plain data, no padding.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Sample {}
 
 /// The fridges' shape, as the datapath reads it (one entry of a config map).
 #[repr(C)]
@@ -42,7 +56,8 @@ pub struct Sample {
 pub struct Fridges {
     /// Fridges in use (1..=[`MAX_FRIDGES`]); fridge k's slots follow fridge k−1's.
     pub count: u32,
-    pub _pad: u32,
+    /// The enabled classes, a bit each (`class::TCP_HANDSHAKE` …).
+    pub classes: u32,
     /// log2 of each fridge's slots.
     pub slots_log2: [u32; MAX_FRIDGES],
     /// Where each fridge's slots start in the slot array.
@@ -113,6 +128,44 @@ impl Fridges {
     }
 }
 
+/// Where the fridges live: BPF maps in the kernel, memory in replay and the simulator.
+pub trait Store {
+    /// Slot `index` of the slot array.
+    fn slot(&mut self, index: u32) -> Option<&mut Slot>;
+    /// Counts one more request offered to fridge `k`; the count with it.
+    fn offer(&mut self, k: usize) -> u64;
+    /// The requests offered to fridge `k` so far.
+    fn offered(&self, k: usize) -> u64;
+    /// A uniform u32.
+    fn random(&mut self) -> u32;
+}
+
+/// One packet through the fridges: its requests offered, its response's sample to `emit`.
+#[inline(always)]
+pub fn packet<S: Store>(f: &Fridges, pkt: &PacketCtx, store: &mut S, mut emit: impl FnMut(Sample)) {
+    class::events(pkt, f.classes, |e| {
+        if let Some(sample) = event(f, e, pkt.ts_ns, store) {
+            emit(sample);
+        }
+    });
+}
+
+/// One request (offered to its fridge) or response (a sample if its request waits) at `ts_ns`.
+#[inline(always)]
+pub fn event<S: Store>(f: &Fridges, e: Event, ts_ns: u64, store: &mut S) -> Option<Sample> {
+    let (k, at) = f.place(e.id);
+    if e.response {
+        let offered = store.offered(k);
+        let mut sample = response(k, store.slot(at)?, e.id, ts_ns, offered)?;
+        sample.class = e.class;
+        return Some(sample);
+    }
+    let offered = store.offer(k);
+    let rand = store.random();
+    request(f, k, store.slot(at)?, e.id, ts_ns, offered, rand);
+    None
+}
+
 /// A request offered to its fridge: `offered` is the fridge's counter after counting it, `rand`
 /// a uniform u32. Enters (overwriting whatever waited there) with the fridge's probability.
 #[inline(always)]
@@ -129,8 +182,12 @@ pub fn response(k: usize, slot: &mut Slot, id: u32, ts_ns: u64, offered: u64) ->
     if slot.ts_ns == 0 || slot.id != id || ts_ns < slot.ts_ns {
         return None;
     }
-    let sample =
-        Sample { fridge: k as u8, delay_ns: ts_ns - slot.ts_ns, survived: offered.saturating_sub(slot.offered) };
+    let sample = Sample {
+        delay_ns: ts_ns - slot.ts_ns,
+        survived: offered.saturating_sub(slot.offered),
+        fridge: k as u8,
+        ..Sample::default()
+    };
     *slot = Slot::default();
     Some(sample)
 }
@@ -172,7 +229,10 @@ mod tests {
         let mut slot = Slot::default();
         request(&f, 0, &mut slot, 7, 1_000, 3, u32::MAX);
         assert_eq!(response(0, &mut slot, 8, 5_000, 9), None, "another id");
-        assert_eq!(response(0, &mut slot, 7, 5_000, 9), Some(Sample { fridge: 0, delay_ns: 4_000, survived: 6 }));
+        assert_eq!(
+            response(0, &mut slot, 7, 5_000, 9),
+            Some(Sample { delay_ns: 4_000, survived: 6, ..Sample::default() })
+        );
         assert_eq!(response(0, &mut slot, 7, 6_000, 9), None, "cleared");
         let half = Fridges::new(&[4], &[0.5]).unwrap();
         request(&half, 0, &mut slot, 7, 1_000, 3, 1 << 31);

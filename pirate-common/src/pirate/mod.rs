@@ -10,6 +10,18 @@ pub mod modes;
 pub mod table;
 pub mod tracker;
 
+use crate::{
+    ctx::PacketCtx,
+    parse::{IPPROTO_TCP, IPPROTO_UDP},
+};
+
+/// Whether `pirate` measures the packet: TCP and UDP flows, not the ICMP echoes the parser keeps
+/// for the fridge.
+#[inline(always)]
+pub fn measures(pkt: &PacketCtx) -> bool {
+    pkt.key.proto == IPPROTO_TCP || pkt.key.proto == IPPROTO_UDP
+}
+
 #[cfg(feature = "user")]
 mod pod {
     //! aya copies these in and out of maps as plain data: only the two layouts the datapath

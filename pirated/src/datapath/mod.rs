@@ -29,7 +29,8 @@ use aya::{
 };
 use pirate_common::{
     counters,
-    ctx::CHAIN_PIRATE,
+    ctx::{CHAIN_FRIDGE, CHAIN_PIRATE},
+    fridge::{Fridges, MAX_FRIDGES},
     maps,
     pirate::{layout::Layout, table::sets_for},
 };
@@ -51,12 +52,22 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/pirated";
 
 /// The program attached to the interface: parses once, then tail-calls the chain.
 const ROOT: &str = "pirate_root";
+/// The fridge capability's program.
+const FRIDGE: &str = "fridge";
+
+/// A measuring program of the chain, at its `CHAIN` slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capability {
+    Pirate,
+    Fridge,
+}
 
 pub struct Datapath {
     ebpf: Ebpf,
     layout: Layout,
-    /// `pirate`'s program, to put into (or take out of) its `CHAIN` slot.
+    /// The capabilities' programs, to put into (or take out of) their `CHAIN` slots.
     pirate: ProgramFd,
+    fridge: ProgramFd,
     /// Size of `pirate`'s hand-over ring buffer.
     ring_bytes: u32,
     /// `pirate`'s flow table, mapped.
@@ -104,6 +115,8 @@ impl Datapath {
             .set_max_entries(layout.unused_flows_map(), 1)
             .set_max_entries(maps::V6_NAMES, config.max_flows)
             .set_max_entries(maps::RECORDS, ring_bytes)
+            .set_max_entries(maps::FRIDGE_SLOTS, config.fridge.shape().slots())
+            .set_max_entries(maps::FRIDGE_SAMPLES, config.fridge.ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
@@ -135,8 +148,11 @@ impl Datapath {
             epochs.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
             FIRST_EPOCH
         };
+        Array::<_, Fridges>::try_from(ebpf.map_mut(maps::FRIDGE_SHAPE).unwrap())?
+            .set(0, config.fridge.shape(), 0)
+            .context("writing FRIDGE_SHAPE")?;
         // The root first: it owns the program arrays, whose later members must match it.
-        for name in [ROOT, layout.program(), layout.flow_program()] {
+        for name in [ROOT, layout.program(), layout.flow_program(), FRIDGE] {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
             program.load().map_err(|e| verifier_error(name, e))?;
         }
@@ -147,25 +163,61 @@ impl Datapath {
             .context("filling PIRATE_FLOW")?;
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
+        let fridge_program: &Xdp = ebpf.program(FRIDGE).unwrap().try_into()?;
+        let fridge = fridge_program.fd()?.try_clone().context("duplicating the fridge program's descriptor")?;
         let table =
             FlowTable::map(table_map(ebpf.map(layout.flows_map()).unwrap())?).context("mapping the flow table")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
-        let mut dp =
-            Datapath { ebpf, layout, pirate, ring_bytes, table, epoch, pins: None, attached_mode: "none", cpus };
-        dp.chain_pirate(true)?;
+        let mut dp = Datapath {
+            ebpf,
+            layout,
+            pirate,
+            fridge,
+            ring_bytes,
+            table,
+            epoch,
+            pins: None,
+            attached_mode: "none",
+            cpus,
+        };
+        dp.chain(Capability::Pirate, true)?;
+        dp.chain(Capability::Fridge, config.fridge.enabled)?;
         Ok(dp)
     }
 
-    /// Puts `pirate` into its `CHAIN` slot, or empties the slot (the datapath benchmark measures
-    /// the root alone so).
-    pub fn chain_pirate(&mut self, on: bool) -> anyhow::Result<()> {
+    /// Puts a capability into its `CHAIN` slot, or empties the slot (the datapath benchmark
+    /// measures the root alone so).
+    pub fn chain(&mut self, capability: Capability, on: bool) -> anyhow::Result<()> {
+        let (slot, program) = match capability {
+            Capability::Pirate => (CHAIN_PIRATE, &self.pirate),
+            Capability::Fridge => (CHAIN_FRIDGE, &self.fridge),
+        };
         let mut chain = ProgramArray::try_from(self.ebpf.map_mut(maps::CHAIN).unwrap())?;
         if on {
-            chain.set(CHAIN_PIRATE, &self.pirate, 0).context("chaining pirate")?;
-        } else {
-            chain.clear_index(&CHAIN_PIRATE).context("unchaining pirate")?;
+            return chain.set(slot, program, 0).with_context(|| format!("chaining {capability:?}"));
         }
-        Ok(())
+        match chain.clear_index(&slot) {
+            // Empty already.
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            cleared => cleared.with_context(|| format!("unchaining {capability:?}")),
+        }
+    }
+
+    /// Writes the fridges' shape (pirated recalibrates their entry probabilities so).
+    pub fn set_fridge_shape(&mut self, shape: Fridges) -> anyhow::Result<()> {
+        Array::<_, Fridges>::try_from(self.ebpf.map_mut(maps::FRIDGE_SHAPE).unwrap())?
+            .set(0, shape, 0)
+            .context("writing FRIDGE_SHAPE")
+    }
+
+    /// The requests offered to each fridge so far.
+    pub fn fridge_offered(&self) -> anyhow::Result<[u64; MAX_FRIDGES]> {
+        let offered = Array::<_, u64>::try_from(self.ebpf.map(maps::FRIDGE_OFFERED).unwrap())?;
+        let mut out = [0; MAX_FRIDGES];
+        for (k, slot) in out.iter_mut().enumerate() {
+            *slot = offered.get(&(k as u32), 0).context("reading FRIDGE_OFFERED")?;
+        }
+        Ok(out)
     }
 
     /// Loads the chain, pins it under `<pin_root>/<instance>` and attaches it to
@@ -250,7 +302,7 @@ impl Datapath {
     /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
     /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
     pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
-        [ROOT, self.layout.program(), self.layout.flow_program()]
+        [ROOT, self.layout.program(), self.layout.flow_program(), FRIDGE]
             .into_iter()
             .map(|name| {
                 let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;
@@ -377,7 +429,8 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
 /// pinned with another one cannot be reused.
 fn layout_tag(config: &Config) -> String {
     let layout = Layout::for_modes(config.pirate.modes);
-    format!("v{}-{layout:?}-flows{}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase()
+    let fridge_slots = config.fridge.shape().slots();
+    format!("v{}-{layout:?}-flows{}-fridge{fridge_slots}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase()
 }
 
 /// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header

@@ -150,7 +150,7 @@ mod tests {
     #[test]
     fn inverse_variance_weights_favour_the_fridge_with_smaller_factors() {
         let two = Fridges::new(&[10, 10], &[1.0, 1.0]).unwrap();
-        let s = |fridge, survived| Sample { fridge, delay_ns: 1_000_000, survived };
+        let s = |fridge, survived| Sample { fridge, delay_ns: 1_000_000, survived, ..Sample::default() };
         // Same bin: fridge 0's sample stands for 2 pairs (variance 4), fridge 1's two samples
         // for 2·e^(1024·ln(1024/1023)) ≈ 5.44 each (variance 59.2).
         let w = weighted(&two, &[s(0, 0), s(1, 1024), s(1, 1024)], Weights::Paper);

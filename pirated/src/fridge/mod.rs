@@ -4,5 +4,8 @@
 
 pub mod calibrate;
 pub mod estimate;
+pub mod metrics;
+pub mod report;
+pub mod samples;
 pub mod synthetic;
 pub mod table;

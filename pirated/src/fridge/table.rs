@@ -1,7 +1,10 @@
 //! The fridges in userspace memory, stepped by the datapath's own code
 //! (`pirate_common::fridge`): what replay and the simulator run.
 
-use pirate_common::fridge::{request, response, Fridges, Sample, Slot, MAX_FRIDGES};
+use pirate_common::{
+    ctx::PacketCtx,
+    fridge::{class::Event, event, packet, Fridges, Sample, Slot, Store, MAX_FRIDGES},
+};
 
 pub struct FridgeTable {
     shape: Fridges,
@@ -22,26 +25,49 @@ impl FridgeTable {
         }
     }
 
+    pub fn shape(&self) -> &Fridges {
+        &self.shape
+    }
+
     /// Requests offered to each fridge so far.
     pub fn offered(&self) -> [u64; MAX_FRIDGES] {
         self.offered
     }
 
+    /// A parsed packet: its samples to `emit`.
+    pub fn packet(&mut self, pkt: &PacketCtx, emit: impl FnMut(Sample)) {
+        let shape = self.shape;
+        packet(&shape, pkt, self, emit)
+    }
+
     /// A request with pair id `id` at `ts_ns`.
     pub fn request(&mut self, id: u32, ts_ns: u64) {
-        let (k, at) = self.shape.place(id);
-        self.offered[k] += 1;
-        let rand = self.next_u32();
-        request(&self.shape, k, &mut self.slots[at as usize], id, ts_ns, self.offered[k], rand);
+        let shape = self.shape;
+        event(&shape, Event { class: 0, response: false, id }, ts_ns, self);
     }
 
     /// A response with pair id `id` at `ts_ns`: a sample if its request waited in its slot.
     pub fn response(&mut self, id: u32, ts_ns: u64) -> Option<Sample> {
-        let (k, at) = self.shape.place(id);
-        response(k, &mut self.slots[at as usize], id, ts_ns, self.offered[k])
+        let shape = self.shape;
+        event(&shape, Event { class: 0, response: true, id }, ts_ns, self)
+    }
+}
+
+impl Store for FridgeTable {
+    fn slot(&mut self, index: u32) -> Option<&mut Slot> {
+        self.slots.get_mut(index as usize)
     }
 
-    fn next_u32(&mut self) -> u32 {
+    fn offer(&mut self, k: usize) -> u64 {
+        self.offered[k] += 1;
+        self.offered[k]
+    }
+
+    fn offered(&self, k: usize) -> u64 {
+        self.offered[k]
+    }
+
+    fn random(&mut self) -> u32 {
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.rng;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -2,24 +2,54 @@
 
 use std::os::fd::RawFd;
 
+use pirate_common::fridge::Fridges;
+
 use super::{EpochData, Kernel};
 use crate::{
+    config::Config,
     datapath::Datapath,
+    fridge::samples::Samples,
     pirate::{drain::Records, flow::FlowEpoch},
 };
 
 pub struct Live {
     dp: Datapath,
     records: Records,
+    /// The fridges' samples, if enabled.
+    samples: Option<Samples>,
     /// The epoch the datapath is in.
     epoch: u32,
 }
 
 impl Live {
-    pub fn new(mut dp: Datapath) -> anyhow::Result<Live> {
+    pub fn new(mut dp: Datapath, config: &Config) -> anyhow::Result<Live> {
         let records = Records::take(&mut dp)?;
+        let samples = match config.fridge.enabled {
+            true => Some(Samples::take(&mut dp, config.fridge.shape())?),
+            false => None,
+        };
         let epoch = dp.epoch();
-        Ok(Live { dp, records, epoch })
+        Ok(Live { dp, records, samples, epoch })
+    }
+
+    /// The descriptor that becomes readable when fridge samples arrive, if fridges are on.
+    pub fn samples_fd(&self) -> Option<RawFd> {
+        self.samples.as_ref().map(|s| s.fd())
+    }
+
+    /// Moves the samples waiting in the ring into the epoch's.
+    pub fn collect_samples(&mut self) {
+        if let Some(s) = &mut self.samples {
+            s.collect();
+        }
+    }
+
+    /// Runs the fridges with `shape` from now on (recalibrated entry probabilities).
+    pub fn reshape_fridges(&mut self, shape: Fridges) -> anyhow::Result<()> {
+        match &mut self.samples {
+            Some(s) => s.reshape(&mut self.dp, shape),
+            None => Ok(()),
+        }
     }
 
     /// Flows in the flow table now (after a restart, those the last instance left).
@@ -47,6 +77,7 @@ impl Live {
         let counters = self.dp.counters()?;
         let drained = self.records.drain(&self.dp, closed, flows)?;
         let kernel = Kernel::new(counters, &drained);
-        Ok((EpochData { epoch: closed, flows: drained.flows }, kernel))
+        let fridge = self.samples.as_mut().map(|s| s.close(&self.dp)).transpose()?;
+        Ok((EpochData { epoch: closed, flows: drained.flows, fridge }, kernel))
     }
 }

@@ -6,13 +6,18 @@ pub mod replay;
 
 use pirate_common::counters;
 
-use crate::pirate::{drain::Drained, flow::FlowEpoch};
+use crate::{
+    fridge::report::FridgeEpoch,
+    pirate::{drain::Drained, flow::FlowEpoch},
+};
 
 /// One closed epoch, as plain data.
 pub struct EpochData {
     pub epoch: u32,
     /// `pirate`: the flows with packets in the epoch.
     pub flows: Vec<FlowEpoch>,
+    /// The fridges' samples and requests, if enabled.
+    pub fridge: Option<FridgeEpoch>,
 }
 
 /// The live datapath's own figures at the end of an epoch.

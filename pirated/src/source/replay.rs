@@ -9,7 +9,7 @@ use pirate_common::{
     ctx::PacketCtx,
     key::FlowKey,
     parse::parse,
-    pirate::{config::Params, flow::FlowState, layout::Layout, tracker::step},
+    pirate::{config::Params, flow::FlowState, layout::Layout, measures, tracker::step},
     with_modes,
 };
 
@@ -34,6 +34,7 @@ fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)
     // the kernel for every flow that stays quiet until the drain.
     let close = |flows: &HashMap<FlowKey, FlowState<M>>, closed: u32| EpochData {
         epoch: closed,
+        fridge: None,
         flows: flows
             .iter()
             .filter(|(_, st)| st.measured(closed))
@@ -47,7 +48,7 @@ fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)
             out.push(close(&flows, epoch));
             epoch += 1;
         }
-        if parse(frame.as_slice(), &mut pkt).is_err() {
+        if parse(frame.as_slice(), &mut pkt).is_err() || !measures(&pkt) {
             continue;
         }
         pkt.ts_ns = *ts;

@@ -1,6 +1,7 @@
 //! `cargo xtask bench datapath`: the per-packet cost of the XDP chain against a bare XDP_PASS
 //! program on the same packets (BPF_PROG_TEST_RUN, measured side by side in one run): the root
-//! alone (every capability slot empty) and the root with `pirate` chained, with the flow table
+//! alone (every capability slot empty), with `pirate` chained, and with `pirate` and `fridge`
+//! (the packets are no requests of its classes: its cost to other traffic), with the flow table
 //! already holding 64 K flows; the memory each tracked flow costs and each program's verifier
 //! work.
 
@@ -13,7 +14,7 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use pirated::{
     config::{Config, Dur},
-    datapath::{test_run::test_run, Datapath},
+    datapath::{test_run::test_run, Capability, Datapath},
     pirate::drain::Records,
 };
 
@@ -106,9 +107,12 @@ fn main() -> Result<()> {
     let drain = started.elapsed();
 
     let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
-    dp.chain_pirate(false)?;
+    dp.chain(Capability::Fridge, false)?;
+    let [cold_pirate, hot_pirate] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
+    dp.chain(Capability::Pirate, false)?;
     let [cold_root, hot_root] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
-    dp.chain_pirate(true)?;
+    dp.chain(Capability::Pirate, true)?;
+    dp.chain(Capability::Fridge, true)?;
 
     let counters = dp.counters()?;
     let memlock = dp.flow_table_memlock()?;
@@ -117,16 +121,18 @@ fn main() -> Result<()> {
         config.max_flows,
         dp.layout()
     );
-    println!("{:<52} {:>10} {:>10} {:>10} {:>7}", "", "chain ns", "bare ns", "added ns", "ratio");
+    println!("{:<60} {:>10} {:>10} {:>10} {:>7}", "", "chain ns", "bare ns", "added ns", "ratio");
     let same = format!("x{} per call, 64 flows", args.repeat);
     for (name, m) in [
-        (format!("root + pirate, one call per packet, {} flows", frames.len()), &cold),
-        (format!("root + pirate, same packet {same}"), &hot),
+        (format!("root + pirate + fridge, one call per packet, {} flows", frames.len()), &cold),
+        (format!("root + pirate + fridge, same packet {same}"), &hot),
+        ("root + pirate, one call per packet".to_string(), &cold_pirate),
+        (format!("root + pirate, same packet {same}"), &hot_pirate),
         ("root alone, one call per packet".to_string(), &cold_root),
         (format!("root alone, same packet {same}"), &hot_root),
     ] {
         let (p, b) = (m[0], m[1]);
-        println!("{name:<52} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
+        println!("{name:<60} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
     }
     println!(
         "memory per flow: id+state {} B; kernel memlock / max_flows {:.1} B; hand-over ring {:.1} B",

@@ -170,10 +170,10 @@ fn main() -> Result<()> {
             }
             let kernel = Kernel::new(counters, &drained);
             let started = Instant::now();
-            let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows }, scratch);
+            let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows, fridge: None }, scratch);
             let estimate = ms(started);
             let started = Instant::now();
-            metrics.publish(&report, &kernel);
+            metrics.publish(&report, None, &kernel);
             let publish = ms(started);
             (flows, scratch) = report.into_buffers();
             runs.push([drain, estimate, publish]);
@@ -181,7 +181,7 @@ fn main() -> Result<()> {
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(&dp, EPOCH, flows)?.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows }, scratch);
+        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows, fridge: None }, scratch);
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;

@@ -15,7 +15,7 @@ use clap::Parser;
 use pirate_common::fridge::Fridges;
 use pirated::{
     fridge::{
-        calibrate::entry_probability,
+        calibrate::{entry_probability, target_s},
         estimate::{weighted, Distribution, Weights},
         synthetic::{fractions, Pairs, Trace, REQUEST_GAP_NS},
     },
@@ -250,14 +250,17 @@ fn main() -> Result<()> {
             }
             let largest_s = max_ms * if args.tail > 0.0 { 16e-3 } else { 1e-3 };
             let rate = 1e9 / REQUEST_GAP_NS as f64;
-            let ruled = |slots_log2: [u32; 2], targets: [f64; 2], count: usize| {
+            let ruled = |slots_log2: [u32; 2], count: usize| {
                 let share = 1.0 / count as f64;
-                let p = std::array::from_fn(|k| entry_probability(1 << slots_log2[k], rate * share, targets[k]));
+                let p = std::array::from_fn(|k| {
+                    let target = target_s(k.min(count - 1), count, largest_s);
+                    entry_probability(1 << slots_log2[k], rate * share, target)
+                });
                 let method = Method::Fridges { slots_log2, p, count, weights: Weighting::Expected };
                 (None, format!("{}, by rule", method.describe()), method)
             };
-            rows.push(ruled([m, 0], [largest_s, largest_s], 1));
-            rows.push(ruled([m - 1, m - 1], [largest_s / 16.0, largest_s], 2));
+            rows.push(ruled([m, 0], 1));
+            rows.push(ruled([m - 1, m - 1], 2));
             let rows = parallel::map(&rows, |(row, label, method)| {
                 (*row, label.clone(), *method, evaluate(method, traces, &truth))
             });

@@ -15,7 +15,7 @@ APT_PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22
     bpftool iproute2 ethtool iptables tcpdump
     iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
-    nghttp2-client
+    nghttp2-client unbound dnsutils dnsperf
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -27,8 +27,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# The testbeds start their own nginx/redis inside namespaces; the distro units must not hold the ports.
-for svc in nginx redis-server; do
+# The testbeds start their own nginx/redis/unbound inside namespaces; the distro units must not
+# hold the ports.
+for svc in nginx redis-server unbound; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 

@@ -49,15 +49,18 @@ impl Pipeline {
     }
 }
 
-/// `pirated replay`: every epoch of the capture at `path`, as JSON lines on `out`.
-pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<Vec<EpochReport>> {
+/// `pirated replay`: every epoch of the capture at `path`, as JSON lines on `out`; the fridges
+/// recalibrated as the daemon does.
+pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     let pipeline = Pipeline::new(config, true);
-    let reports: Vec<EpochReport> =
-        replay::epochs(config, path)?.into_iter().map(|e| pipeline.run(e, Scratch::default())).collect();
-    for r in &reports {
-        r.write_json(out)?;
-    }
-    Ok(reports)
+    let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
+    replay::run(config, path, |mut data| {
+        let (epoch, fridge) = (data.epoch, data.fridge.take());
+        pipeline.run(data, Scratch::default()).write_json(out)?;
+        let Some(report) = window.as_mut().zip(fridge).map(|(w, f)| w.close(epoch, f)) else { return Ok(None) };
+        report.write_json(out)?;
+        Ok(report.recalibrated)
+    })
 }
 
 /// The ring buffer's descriptor, owned by the live source, registered for readiness only.

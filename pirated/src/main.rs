@@ -48,7 +48,8 @@ enum Command {
     /// Run the same per-packet code and estimators over a pcap capture; prints JSON lines.
     /// Needs no privileges.
     Replay {
-        /// A classic pcap file with Ethernet frames, client→server direction.
+        /// A classic pcap file with Ethernet frames: the client→server direction (and, for the
+        /// fridges' responses, the other one where the capture has it).
         #[arg(long, value_name = "FILE")]
         pcap: PathBuf,
         #[arg(short, long, value_name = "FILE")]
@@ -118,7 +119,7 @@ fn main() {
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
         Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
-            .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock()).map(|_| ())),
+            .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock())),
     };
     if let Err(e) = result {
         eprintln!("pirated: error: {e:#}");

@@ -1,6 +1,7 @@
 //! Replay runs the datapath's own code: a capture of the packets the XDP program saw, replayed
-//! through `pirated replay`, must give the same flows, the same packet counts and the same
-//! estimates (up to the capture's timestamps differing from the XDP program's by microseconds).
+//! through `pirated replay`, must give the same flows, the same packet counts, the same
+//! estimates and the same fridge samples (up to the capture's timestamps differing from the XDP
+//! program's by microseconds).
 
 use std::{
     collections::BTreeMap,
@@ -11,8 +12,9 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use pirate_tests::{
+    linkem::LinkSpec,
     servers::nginx,
-    testbed::{workspace_binary, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
 use serde_json::Value;
 
@@ -29,7 +31,10 @@ fn by_flow(lines: &[Value]) -> BTreeMap<String, Value> {
 
 #[test]
 fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
-    let tb = OnePoint::new()?;
+    // Responses 5 ms late: delays far above the microseconds between the two clocks.
+    let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
+    let emu =
+        tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(Duration::from_millis(5)), &LinkSpec::default(), 1)?;
     let _nginx = nginx(&tb.server, &[("small", 200), ("large", 30_000)])?;
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
     let pcap = std::env::temp_dir().join(format!("pirate-replay-{}.pcap", std::process::id()));
@@ -72,7 +77,9 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
         tb.client.run(&argv)?;
     }
     std::thread::sleep(Duration::from_millis(300));
-    let kernel = by_flow(&pirated.stop()?);
+    let kernel_lines = pirated.stop()?;
+    emu.stop()?;
+    let kernel = by_flow(&kernel_lines);
     // SAFETY: signalling our own child; SIGINT makes tcpdump flush and close the file.
     unsafe { libc::kill(tcpdump.id() as i32, libc::SIGINT) };
     let status = tcpdump.wait()?;
@@ -108,6 +115,19 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
         assert!((ks - rs).abs() <= 2, "{key}: causal-pair samples {ks} in the kernel, {rs} in replay");
         let (ke, re) = (k["estimate_ns"].as_f64().unwrap(), r["estimate_ns"].as_f64().unwrap());
         assert!((ke - re).abs() / ke < 0.02, "{key}: estimate {ke} in the kernel, {re} in replay");
+    }
+    // The fridges: the same handshakes (SYN → the client's ACK), every one sampled (p starts
+    // at 1), with the same delays.
+    let handshakes =
+        |lines: &[Value]| lines.iter().find(|v| v["type"] == "fridge_class" && v["class"] == "tcp-handshake").cloned();
+    let (k, r) =
+        (handshakes(&kernel_lines).context("no fridge line live")?, handshakes(&lines).context("none in replay")?);
+    eprintln!("kernel {k}\nreplay {r}");
+    assert_eq!(k["window_samples"], 3, "three connections' handshakes");
+    assert_eq!(k["window_samples"], r["window_samples"]);
+    for q in ["p50", "p99.9"] {
+        let (kq, rq) = (k["quantiles_ns"][q].as_f64().unwrap(), r["quantiles_ns"][q].as_f64().unwrap());
+        assert!((kq - rq).abs() / kq < 0.02, "handshake {q}: {kq} ns in the kernel, {rq} ns in replay");
     }
     Ok(())
 }

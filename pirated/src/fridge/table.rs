@@ -29,6 +29,12 @@ impl FridgeTable {
         &self.shape
     }
 
+    /// New entry probabilities (recalibrated); the slots and what waits in them stay.
+    pub fn reshape(&mut self, shape: Fridges) {
+        debug_assert_eq!(shape.slots(), self.shape.slots());
+        self.shape = shape;
+    }
+
     /// Requests offered to each fridge so far.
     pub fn offered(&self) -> [u64; MAX_FRIDGES] {
         self.offered

@@ -1,5 +1,6 @@
-//! The replay source: the datapath's own per-packet code (`pirate_common`'s parser and
-//! `pirate::tracker::step`) run over a pcap capture, cut into epochs as the daemon cuts them.
+//! The replay source: the datapath's own per-packet code (`pirate_common`'s parser,
+//! `pirate::tracker::step` and the fridges' step) run over a pcap capture, cut into epochs as
+//! the daemon cuts them.
 //! Needs no privileges.
 
 use std::{collections::HashMap, fs::File, io::Read, path::Path};
@@ -7,6 +8,7 @@ use std::{collections::HashMap, fs::File, io::Read, path::Path};
 use anyhow::{bail, Context};
 use pirate_common::{
     ctx::PacketCtx,
+    fridge::{Fridges, Sample, MAX_FRIDGES},
     key::FlowKey,
     parse::parse,
     pirate::{config::Params, flow::FlowState, layout::Layout, measures, tracker::step},
@@ -14,49 +16,88 @@ use pirate_common::{
 };
 
 use super::EpochData;
-use crate::{config::Config, pirate::flow::FlowEpoch};
+use crate::{
+    config::Config,
+    fridge::{report::FridgeEpoch, table::FridgeTable},
+    pirate::flow::FlowEpoch,
+};
 
-/// Every epoch of the capture at `path`, cut every `config.epoch` from the first packet's
-/// timestamp and numbered from 1 as in the daemon; the last, partial epoch too.
-pub fn epochs(config: &Config, path: &Path) -> anyhow::Result<Vec<EpochData>> {
+/// Runs the capture at `path` through the datapath's code, cut into epochs every `config.epoch`
+/// from the first packet's timestamp and numbered from 1 as in the daemon; the last, partial
+/// epoch too. Each closed epoch goes to `on_epoch`, which may hand back the fridges' new shape
+/// (recalibrated), as the daemon writes it into the datapath.
+pub fn run(
+    config: &Config,
+    path: &Path,
+    on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
+) -> anyhow::Result<()> {
     let packets = read_pcap(path)?;
     let params = config.params();
+    // The fridges draw their entry decisions from a fixed seed: a replay repeats itself.
+    let fridges = config.fridge.enabled.then(|| FridgeTable::new(config.fridge.shape(), 1));
     // The same state layout as the daemon's, so the same modes fit.
-    Ok(with_modes!(Layout::for_modes(config.pirate.modes), M => run::<M>(config.epoch.as_nanos(), &params, &packets)))
+    with_modes!(Layout::for_modes(config.pirate.modes), M => epochs::<M>(config.epoch.as_nanos(), &params, &packets, fridges, on_epoch))
 }
 
-fn run<const M: usize>(epoch_ns: u64, params: &Params, packets: &[(u64, Vec<u8>)]) -> Vec<EpochData> {
+fn epochs<const M: usize>(
+    epoch_ns: u64,
+    params: &Params,
+    packets: &[(u64, Vec<u8>)],
+    mut fridges: Option<FridgeTable>,
+    mut on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
+) -> anyhow::Result<()> {
     let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
-    let mut out = Vec::new();
-    let Some(&(t0, _)) = packets.first() else { return out };
+    let Some(&(t0, _)) = packets.first() else { return Ok(()) };
     let mut epoch: u32 = 1;
+    let (mut samples, mut offered) = (Vec::new(), [0u64; MAX_FRIDGES]);
     // An epoch closes before any packet of the next one: no state is handed over early, as in
     // the kernel for every flow that stays quiet until the drain.
-    let close = |flows: &HashMap<FlowKey, FlowState<M>>, closed: u32| EpochData {
-        epoch: closed,
-        fridge: None,
-        flows: flows
-            .iter()
-            .filter(|(_, st)| st.measured(closed))
-            .map(|(k, st)| FlowEpoch::from_state(*k, st))
-            .collect(),
+    let mut close = |flows: &HashMap<FlowKey, FlowState<M>>,
+                     samples: &mut Vec<Sample>,
+                     fridges: &mut Option<FridgeTable>,
+                     closed: u32,
+                     span_ns: u64|
+     -> anyhow::Result<()> {
+        let fridge = fridges.as_ref().map(|t| {
+            let now = t.offered();
+            let part = FridgeEpoch {
+                samples: std::mem::take(samples),
+                offered: std::array::from_fn(|k| now[k] - offered[k]),
+                span_ns,
+                shape: *t.shape(),
+            };
+            offered = now;
+            part
+        });
+        let flows =
+            flows.iter().filter(|(_, st)| st.measured(closed)).map(|(k, st)| FlowEpoch::from_state(*k, st)).collect();
+        if let (Some(shape), Some(t)) = (on_epoch(EpochData { epoch: closed, flows, fridge })?, fridges.as_mut()) {
+            t.reshape(shape);
+        }
+        Ok(())
     };
     let mut pkt = PacketCtx::default();
     for (ts, frame) in packets {
         let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;
         while epoch < due {
-            out.push(close(&flows, epoch));
+            close(&flows, &mut samples, &mut fridges, epoch, epoch_ns)?;
             epoch += 1;
         }
-        if parse(frame.as_slice(), &mut pkt).is_err() || !measures(&pkt) {
+        if parse(frame.as_slice(), &mut pkt).is_err() {
             continue;
         }
         pkt.ts_ns = *ts;
-        let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
-        step(st, epoch, &pkt, params, |_| {});
+        if let Some(t) = &mut fridges {
+            t.packet(&pkt, |s| samples.push(s));
+        }
+        if measures(&pkt) {
+            let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
+            step(st, epoch, &pkt, params, |_| {});
+        }
     }
-    out.push(close(&flows, epoch));
-    out
+    let last = packets.last().map_or(t0, |p| p.0);
+    let partial = last.saturating_sub(t0 + (epoch as u64 - 1) * epoch_ns).max(1);
+    close(&flows, &mut samples, &mut fridges, epoch, partial)
 }
 
 /// Reads a classic pcap file (µs or ns timestamps, either byte order, Ethernet link type):

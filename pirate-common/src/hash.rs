@@ -7,10 +7,7 @@ use crate::key::FlowKey;
 /// constant), the high bits folded down. Five multiplies: the root computes it for every packet.
 #[inline(always)]
 pub fn flow_hash(key: &FlowKey) -> u32 {
-    const WORDS: usize = size_of::<FlowKey>() / 8;
-    // SAFETY: FlowKey is 8-byte aligned, WORDS · 8 bytes long and plain data.
-    let words = unsafe { &*(key as *const FlowKey as *const [u64; WORDS]) };
-    words_hash(0x5049_5241_5445_4421, words) // "PIRATED!"
+    words_hash(0x5049_5241_5445_4421, key.words()) // "PIRATED!"
 }
 
 /// A 32-bit hash of `words` from `seed`: each word multiplied in, the high bits folded down.
@@ -33,8 +30,7 @@ fn mix(h: u64, w: &u64) -> u64 {
 /// [`FlowId`]: crate::key::FlowId
 #[inline(always)]
 pub fn address_digest(key: &FlowKey) -> (u64, u16) {
-    // SAFETY: FlowKey is 8-byte aligned and starts with the two 16-byte addresses.
-    let words = unsafe { &*(key as *const FlowKey as *const [u64; 4]) };
+    let words = &key.words()[..4];
     let a = words.iter().fold(0x5049_5241_5445_4436, mix);
     // The 16 more bits from a mix of their own (other constant, other shift).
     let b = words.iter().fold(0x7631_7265_7365_7276u64, |b, w| {

@@ -28,6 +28,16 @@ const _: () = assert!(size_of::<FlowKey>() == 40);
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for FlowKey {}
 
+impl FlowKey {
+    /// The key as five words: source address (2), destination address (2), then ports,
+    /// protocol and family; what the hashes read.
+    #[inline(always)]
+    pub fn words(&self) -> &[u64; 5] {
+        // SAFETY: 8-byte aligned, 40 bytes of plain data without padding.
+        unsafe { &*(self as *const FlowKey as *const [u64; 5]) }
+    }
+}
+
 /// A flow table's key, 16 bytes where [`FlowKey`] takes 40: an IPv4 flow's 5-tuple as it is,
 /// an IPv6 flow's ports and protocol with an 80-bit digest of its addresses (which pirated
 /// learns once per flow, from `V6_NAMES`). Two IPv6 flows of one port pair collide with

@@ -95,13 +95,6 @@ pub fn events(pkt: &PacketCtx, classes: u32, mut f: impl FnMut(Event)) {
     }
 }
 
-/// The key's words: source address (2), destination address (2), ports, protocol and family.
-#[inline(always)]
-fn words(key: &FlowKey) -> &[u64; 5] {
-    // SAFETY: FlowKey is 8-byte aligned, 40 bytes of plain data.
-    unsafe { &*(key as *const FlowKey as *const [u64; 5]) }
-}
-
 /// The id of a pair between `client` (address words, port) and `server`, told apart from other
 /// pairs between them by `extra` (a sequence number, transaction id, echo id).
 #[inline(always)]
@@ -113,14 +106,14 @@ fn id(class: u8, client: (u64, u64, u16), server: (u64, u64, u16), extra: u32) -
 /// A request: the packet's source is the client.
 #[inline(always)]
 fn request(class: u8, key: &FlowKey, extra: u32) -> Event {
-    let w = words(key);
+    let w = key.words();
     Event { class, response: false, id: id(class, (w[0], w[1], key.sport), (w[2], w[3], key.dport), extra) }
 }
 
 /// A response: the packet's destination is the client.
 #[inline(always)]
 fn response(class: u8, key: &FlowKey, extra: u32) -> Event {
-    let w = words(key);
+    let w = key.words();
     Event { class, response: true, id: id(class, (w[2], w[3], key.dport), (w[0], w[1], key.sport), extra) }
 }
 
@@ -128,7 +121,7 @@ fn response(class: u8, key: &FlowKey, extra: u32) -> Event {
 /// since a FIN or RST may come from either.
 #[inline(always)]
 fn flow(key: &FlowKey, response: bool) -> Event {
-    let w = words(key);
+    let w = key.words();
     let (a, b) = ((w[0], w[1], key.sport), (w[2], w[3], key.dport));
     let (lo, hi) = if (a.0, a.1, a.2) <= (b.0, b.1, b.2) { (a, b) } else { (b, a) };
     Event { class: TCP_FLOW, response, id: id(TCP_FLOW, lo, hi, 0) }

@@ -148,11 +148,8 @@ impl Datapath {
             epochs.set(0, FIRST_EPOCH, 0).context("writing EPOCH")?;
             FIRST_EPOCH
         };
-        Array::<_, Fridges>::try_from(ebpf.map_mut(maps::FRIDGE_SHAPE).unwrap())?
-            .set(0, config.fridge.shape(), 0)
-            .context("writing FRIDGE_SHAPE")?;
         // The root first: it owns the program arrays, whose later members must match it.
-        for name in [ROOT, layout.program(), layout.flow_program(), FRIDGE] {
+        for name in programs(layout) {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
             program.load().map_err(|e| verifier_error(name, e))?;
         }
@@ -180,6 +177,8 @@ impl Datapath {
             attached_mode: "none",
             cpus,
         };
+        // Before the fridge is chained: it reads its shape from the first packet on.
+        dp.set_fridge_shape(config.fridge.shape())?;
         dp.chain(Capability::Pirate, true)?;
         dp.chain(Capability::Fridge, config.fridge.enabled)?;
         Ok(dp)
@@ -302,7 +301,7 @@ impl Datapath {
     /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
     /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
     pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
-        [ROOT, self.layout.program(), self.layout.flow_program(), FRIDGE]
+        programs(self.layout)
             .into_iter()
             .map(|name| {
                 let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;
@@ -379,6 +378,11 @@ impl Drop for Datapath {
             None => {}
         }
     }
+}
+
+/// Every program of the chain pirated loads, the root first.
+fn programs(layout: Layout) -> [&'static str; 4] {
+    [ROOT, layout.program(), layout.flow_program(), FRIDGE]
 }
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {

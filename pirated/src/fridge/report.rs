@@ -75,13 +75,38 @@ pub struct FridgeReport {
     pub recalibrated: Option<Fridges>,
 }
 
+/// An epoch in the window: its samples weighted once, with the shape and request rates they
+/// were taken under, by class.
+struct Part {
+    span_ns: u64,
+    offered: [u64; MAX_FRIDGES],
+    largest_ns: Option<u64>,
+    weighted: [Vec<(u64, f64)>; CLASSES],
+}
+
+impl Part {
+    fn of(epoch: FridgeEpoch) -> Part {
+        let rates = std::array::from_fn(|k| epoch.offered[k] as f64 / epoch.span_ns.max(1) as f64);
+        let weighted = std::array::from_fn(|class| {
+            let mine: Vec<Sample> = epoch.samples.iter().filter(|s| s.class as usize == class).copied().collect();
+            weighted(&epoch.shape, &mine, Weights::Expected { offered_per_ns: rates })
+        });
+        Part {
+            span_ns: epoch.span_ns,
+            offered: epoch.offered,
+            largest_ns: epoch.samples.iter().map(|s| s.delay_ns).max(),
+            weighted,
+        }
+    }
+}
+
 /// The sliding window and the calibration state, carried from epoch to epoch.
 pub struct Window {
     window_ns: u64,
     sla_ns: Vec<f64>,
     /// Which fridges' entry probabilities are calibrated.
     auto: [bool; MAX_FRIDGES],
-    parts: VecDeque<FridgeEpoch>,
+    parts: VecDeque<Part>,
     /// What the last calibration was made for.
     basis: Option<Basis>,
 }
@@ -100,7 +125,7 @@ impl Window {
     /// Adds a closed epoch, drops epochs that left the window, and reads the window out.
     pub fn close(&mut self, epoch: u32, part: FridgeEpoch) -> FridgeReport {
         let (shape, offered) = (part.shape, part.offered[..part.shape.count as usize].to_vec());
-        self.parts.push_back(part);
+        self.parts.push_back(Part::of(part));
         let mut span: u64 = self.parts.iter().map(|p| p.span_ns).sum();
         while self.parts.len() > 1 && span - self.parts[0].span_ns >= self.window_ns {
             span -= self.parts.pop_front().map_or(0, |p| p.span_ns);
@@ -108,27 +133,18 @@ impl Window {
         let span_s = span.max(1) as f64 * 1e-9;
         let offered_per_s: [f64; MAX_FRIDGES] =
             std::array::from_fn(|k| self.parts.iter().map(|p| p.offered[k]).sum::<u64>() as f64 / span_s);
-        let newest = self.parts.len() - 1;
+        let newest = self.parts.back().expect("just pushed");
         let classes = (0..CLASSES as u8)
             .filter(|&c| shape.classes & (1 << c) != 0)
             .map(|class| {
-                // Each epoch's samples weighted with the shape and rates they were taken under.
-                let mut window = Vec::new();
-                let mut current = Vec::new();
-                for (i, part) in self.parts.iter().enumerate() {
-                    let mine: Vec<Sample> = part.samples.iter().filter(|s| s.class == class).copied().collect();
-                    let rates = std::array::from_fn(|k| part.offered[k] as f64 / part.span_ns.max(1) as f64);
-                    let w = weighted(&part.shape, &mine, Weights::Expected { offered_per_ns: rates });
-                    if i == newest {
-                        current = w.clone();
-                    }
-                    window.extend(w);
-                }
+                let window: Vec<(u64, f64)> =
+                    self.parts.iter().flat_map(|p| &p.weighted[class as usize]).copied().collect();
                 let raw = Distribution::new(window.iter().map(|&(d, _)| (d, 1.0)).collect());
                 let window_samples = window.len();
                 let corrected = Distribution::new(window);
                 let read =
                     |d: &Distribution| (d.total() > 0.0).then(|| QUANTILES.map(|q| d.quantile(q).unwrap_or(0.0)));
+                let current = &newest.weighted[class as usize];
                 ClassFigures {
                     class,
                     samples: current.len(),
@@ -137,7 +153,7 @@ impl Window {
                     quantiles_ns: read(&corrected),
                     uncorrected_ns: read(&raw),
                     above_sla: self.sla_ns.iter().map(|&t| corrected.fraction_above(t)).collect(),
-                    weighted_s: current.into_iter().map(|(d, w)| (d as f64 * 1e-9, w)).collect(),
+                    weighted_s: current.iter().map(|&(d, w)| (d as f64 * 1e-9, w)).collect(),
                 }
             })
             .collect();
@@ -172,7 +188,7 @@ impl Window {
         if !self.auto.contains(&true) {
             return None;
         }
-        let largest_ns = self.parts.iter().flat_map(|p| &p.samples).map(|s| s.delay_ns).max()?;
+        let largest_ns = self.parts.iter().filter_map(|p| p.largest_ns).max()?;
         let now = Basis { offered_per_s: offered_per_s.iter().sum(), largest_s: largest_ns as f64 * 1e-9 };
         if self.basis.is_some_and(|b| !b.drifted(&now)) {
             return None;

@@ -34,7 +34,11 @@ pub fn run(
     let packets = read_pcap(path)?;
     let params = config.params();
     // The fridges draw their entry decisions from a fixed seed: a replay repeats itself.
-    let fridges = config.fridge.enabled.then(|| FridgeTable::new(config.fridge.shape(), 1));
+    let fridges = config.fridge.enabled.then(|| ReplayFridges {
+        table: FridgeTable::new(config.fridge.shape(), 1),
+        samples: Vec::new(),
+        offered: [0; MAX_FRIDGES],
+    });
     // The same state layout as the daemon's, so the same modes fit.
     with_modes!(Layout::for_modes(config.pirate.modes), M => epochs::<M>(config.epoch.as_nanos(), &params, &packets, fridges, on_epoch))
 }
@@ -43,36 +47,24 @@ fn epochs<const M: usize>(
     epoch_ns: u64,
     params: &Params,
     packets: &[(u64, Vec<u8>)],
-    mut fridges: Option<FridgeTable>,
+    mut fridges: Option<ReplayFridges>,
     mut on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
 ) -> anyhow::Result<()> {
     let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
     let Some(&(t0, _)) = packets.first() else { return Ok(()) };
     let mut epoch: u32 = 1;
-    let (mut samples, mut offered) = (Vec::new(), [0u64; MAX_FRIDGES]);
     // An epoch closes before any packet of the next one: no state is handed over early, as in
     // the kernel for every flow that stays quiet until the drain.
     let mut close = |flows: &HashMap<FlowKey, FlowState<M>>,
-                     samples: &mut Vec<Sample>,
-                     fridges: &mut Option<FridgeTable>,
+                     fridges: &mut Option<ReplayFridges>,
                      closed: u32,
                      span_ns: u64|
      -> anyhow::Result<()> {
-        let fridge = fridges.as_ref().map(|t| {
-            let now = t.offered();
-            let part = FridgeEpoch {
-                samples: std::mem::take(samples),
-                offered: std::array::from_fn(|k| now[k] - offered[k]),
-                span_ns,
-                shape: *t.shape(),
-            };
-            offered = now;
-            part
-        });
+        let fridge = fridges.as_mut().map(|f| f.close(span_ns));
         let flows =
             flows.iter().filter(|(_, st)| st.measured(closed)).map(|(k, st)| FlowEpoch::from_state(*k, st)).collect();
-        if let (Some(shape), Some(t)) = (on_epoch(EpochData { epoch: closed, flows, fridge })?, fridges.as_mut()) {
-            t.reshape(shape);
+        if let (Some(shape), Some(f)) = (on_epoch(EpochData { epoch: closed, flows, fridge })?, fridges.as_mut()) {
+            f.table.reshape(shape);
         }
         Ok(())
     };
@@ -80,15 +72,15 @@ fn epochs<const M: usize>(
     for (ts, frame) in packets {
         let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;
         while epoch < due {
-            close(&flows, &mut samples, &mut fridges, epoch, epoch_ns)?;
+            close(&flows, &mut fridges, epoch, epoch_ns)?;
             epoch += 1;
         }
         if parse(frame.as_slice(), &mut pkt).is_err() {
             continue;
         }
         pkt.ts_ns = *ts;
-        if let Some(t) = &mut fridges {
-            t.packet(&pkt, |s| samples.push(s));
+        if let Some(f) = &mut fridges {
+            f.table.packet(&pkt, |s| f.samples.push(s));
         }
         if measures(&pkt) {
             let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
@@ -97,7 +89,30 @@ fn epochs<const M: usize>(
     }
     let last = packets.last().map_or(t0, |p| p.0);
     let partial = last.saturating_sub(t0 + (epoch as u64 - 1) * epoch_ns).max(1);
-    close(&flows, &mut samples, &mut fridges, epoch, partial)
+    close(&flows, &mut fridges, epoch, partial)
+}
+
+/// The fridges in replay: the userspace table, the epoch's samples, and the requests offered
+/// when the last epoch closed (what `fridge::samples::Samples` keeps live).
+struct ReplayFridges {
+    table: FridgeTable,
+    samples: Vec<Sample>,
+    offered: [u64; MAX_FRIDGES],
+}
+
+impl ReplayFridges {
+    /// Closes the fridges' epoch of `span_ns`.
+    fn close(&mut self, span_ns: u64) -> FridgeEpoch {
+        let now = self.table.offered();
+        let epoch = FridgeEpoch {
+            samples: std::mem::take(&mut self.samples),
+            offered: std::array::from_fn(|k| now[k] - self.offered[k]),
+            span_ns,
+            shape: *self.table.shape(),
+        };
+        self.offered = now;
+        epoch
+    }
 }
 
 /// Reads a classic pcap file (µs or ns timestamps, either byte order, Ethernet link type):

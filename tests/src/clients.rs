@@ -1,7 +1,10 @@
 //! Real clients run in the testbed's client namespace, with their own latency figures parsed
 //! from their output: the ground truth the estimates are held to.
 
-use std::time::Duration;
+use std::{
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context, Result};
 
@@ -113,4 +116,52 @@ pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result
     }
     let mean_us = times.iter().sum::<f64>() / times.len() as f64;
     Ok(ClientLatency { mean: mean_us / 1e6, requests: times.len() as u64 })
+}
+
+/// Short TCP connections to `server` from `ns`, opened at Poisson arrivals `rate` a second for
+/// `duration`, each closed once established (by a thread of its own, so that slow handshakes
+/// overlap): the time each `connect` took, as its client saw it (SYN out → SYN/ACK in).
+pub fn short_connections(ns: &Netns, server: SocketAddr, rate: f64, duration: Duration) -> Result<Vec<Duration>> {
+    let run = move || -> Result<Vec<Duration>> {
+        let (start, mut at, mut state) = (Instant::now(), Duration::ZERO, 0x5eed_u64);
+        let mut handles = Vec::new();
+        while at < duration {
+            // xorshift64*: uniform in (0, 1], then an exponential gap.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let u = ((state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
+            at += Duration::from_secs_f64(-u.ln() / rate);
+            std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
+            handles.push(std::thread::spawn(move || {
+                let began = Instant::now();
+                TcpStream::connect_timeout(&server, Duration::from_secs(3)).map(|_| began.elapsed())
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a connecting thread panicked"))?.context("connecting"))
+            .collect()
+    };
+    ns.spawn_in(run)?.join().map_err(|_| anyhow::anyhow!("the client panicked"))?
+}
+
+/// `dnsperf` from `ns` asking `server` for [`crate::servers::DNS_NAME`] `rate` times a second
+/// for `duration` (whole seconds) on one socket; the queries it completed. A lost query is an
+/// error: on the testbed nothing drops them.
+pub fn dnsperf(ns: &Netns, server: &str, rate: u32, duration: Duration) -> Result<u64> {
+    let queries = std::env::temp_dir().join(format!("pirate-dnsperf-{}-{}", ns.name(), std::process::id()));
+    std::fs::write(&queries, format!("{} A\n", crate::servers::DNS_NAME))?;
+    let (secs, rate) = (duration.as_secs().to_string(), rate.to_string());
+    let out = ns.run(&["dnsperf", "-s", server, "-d", queries.to_str().unwrap(), "-l", &secs, "-Q", &rate, "-c", "1"]);
+    let _ = std::fs::remove_file(&queries);
+    let out = out?;
+    let count = |what: &str| -> Option<u64> {
+        let line = out.lines().find(|l| l.trim_start().starts_with(what))?;
+        line.split_once(':')?.1.split_whitespace().next()?.parse().ok()
+    };
+    match (count("Queries completed"), count("Queries lost")) {
+        (Some(done), Some(0)) => Ok(done),
+        _ => bail!("dnsperf lost queries or printed no summary:\n{out}"),
+    }
 }

@@ -2,10 +2,12 @@
 //! stands in for netem, and the one-point testbed with real clients and servers.
 //! Everything here runs as root and tears down what it creates.
 
+pub mod capture;
 pub mod clients;
 pub mod katran;
 pub mod linkem;
 pub mod netns;
+pub mod pairs;
 pub mod servers;
 pub mod testbed;
 pub mod webclient;

@@ -1,4 +1,4 @@
-//! Real servers (nginx, redis) started inside a testbed namespace with their own configuration
+//! Real servers (nginx, redis, unbound) started inside a testbed namespace with their own configuration
 //! in a temporary directory, stopped on drop.
 
 use std::{
@@ -32,11 +32,16 @@ fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Waits until something listens on `port` inside `ns`.
+/// Waits until something listens on TCP `port` inside `ns`.
 fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
+    wait_bound(ns, "-Hltn", port)
+}
+
+/// Waits until `ss <flags>` (listening TCP or bound UDP sockets) lists `port` inside `ns`.
+fn wait_bound(ns: &Netns, flags: &str, port: u16) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let out = ns.run(&["ss", "-Hltn", &format!("sport = :{port}")])?;
+        let out = ns.run(&["ss", flags, &format!("sport = :{port}")])?;
         if !out.trim().is_empty() {
             return Ok(());
         }
@@ -121,6 +126,37 @@ pub fn redis(ns: &Netns) -> Result<Server> {
         .context("starting redis-server")?;
     let server = Server { child, dir };
     wait_listening(ns, 6379)?;
+    Ok(server)
+}
+
+/// The name [`unbound`] answers (an A record of [`DNS_ADDRESS`]).
+pub const DNS_NAME: &str = "www.test.";
+pub const DNS_ADDRESS: &str = "10.201.9.9";
+
+/// unbound on port 53 (IPv4 and IPv6), one thread, answering [`DNS_NAME`] from its own zone
+/// `test.` to anyone, and nothing else (no recursion: the testbed has no internet).
+pub fn unbound(ns: &Netns) -> Result<Server> {
+    let dir = scratch(ns, "unbound")?;
+    let conf = dir.join("unbound.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server:\n  interface: 0.0.0.0\n  interface: ::\n  port: 53\n  do-daemonize: no\n  \
+             username: \"\"\n  chroot: \"\"\n  directory: \"{}\"\n  pidfile: \"\"\n  use-syslog: no\n  \
+             logfile: \"\"\n  verbosity: 0\n  num-threads: 1\n  access-control: 0.0.0.0/0 allow\n  \
+             access-control: ::/0 allow\n  module-config: \"iterator\"\n  local-zone: \"test.\" static\n  \
+             local-data: \"{DNS_NAME} 3600 IN A {DNS_ADDRESS}\"\nremote-control:\n  control-enable: no\n",
+            dir.display()
+        ),
+    )?;
+    let child = ns
+        .command(&["unbound", "-d", "-c", conf.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting unbound")?;
+    let server = Server { child, dir };
+    wait_bound(ns, "-Hlun", 53)?;
     Ok(server)
 }
 

@@ -8,6 +8,16 @@
 //! ```
 //! IPv6 mirrors it in fd00:201:N::/64. The client routes the server's subnet via vp; the server
 //! routes the client's subnets over the direct link; rp_filter is off everywhere.
+//!
+//! With [`Links::span`] there is no direct link: replies return through vp, which copies every
+//! frame it receives on `vp-c` and `vp-s` to a monitor port (tc `mirred`, as a switch's SPAN
+//! port does), and pirated runs on [`MONITOR_IF`] in the `monitor` namespace, seeing both
+//! directions of every conversation.
+//!
+//! ```text
+//!  client c-vp ──── vp-c [vp] vp-s ──── s-vp server
+//!                     mon-a ──── mon-b [monitor]
+//! ```
 
 use std::{
     io::{BufRead, BufReader},
@@ -32,6 +42,8 @@ pub const CLIENT_IP6: &str = "fd00:201:1::1";
 pub const SERVER_IP6: &str = "fd00:201:2::2";
 /// pirated's interface in `vp`.
 pub const VP_CLIENT_IF: &str = "vp-c";
+/// pirated's interface in the `monitor` namespace of a [`Links::span`] testbed.
+pub const MONITOR_IF: &str = "mon-b";
 
 /// Which links get a link emulator spliced in (started separately, with the specs a test wants).
 #[derive(Clone, Copy, Debug, Default)]
@@ -41,8 +53,11 @@ pub struct Links {
     /// The direct return link: response delay (`ab` = server→client).
     pub return_path: bool,
     /// vp → server: loss after the vantage point, which sees the original and the
-    /// retransmission (`ab` = vp→server).
+    /// retransmission (`ab` = vp→server); with `span`, also the replies' delay (`ba`).
     pub server_side: bool,
+    /// Replies return through vp, which mirrors both directions to the monitor port (no direct
+    /// return link, so `return_path` is ignored).
+    pub span: bool,
 }
 
 /// pirated's default idle floor: batches stalled by a retransmission timeout are not response
@@ -56,6 +71,8 @@ pub struct OnePoint {
     pub client_side: Option<EmuLink>,
     pub return_path: Option<EmuLink>,
     pub server_side: Option<EmuLink>,
+    /// With [`Links::span`]: the namespace of the monitor port [`MONITOR_IF`].
+    pub monitor: Option<Netns>,
 }
 
 impl OnePoint {
@@ -84,19 +101,12 @@ impl OnePoint {
         };
         let client_side = link(links.client_side, &client, "c-vp", &vp, VP_CLIENT_IF)?;
         let server_side = link(links.server_side, &vp, "vp-s", &server, "s-vp")?;
-        let return_path = link(links.return_path, &server, "s-c", &client, "c-s")?;
-        for (ns, ifs) in [(&client, ["c-vp", "c-s"]), (&vp, [VP_CLIENT_IF, "vp-s"]), (&server, ["s-vp", "s-c"])] {
-            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
-            ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
-            for i in ifs {
-                ns.sysctl(&format!("net.ipv4.conf.{i}.rp_filter"), "0")?;
-                // Real wires carry MTU-sized frames, not TSO/GRO super-frames (DESIGN.md §6).
-                ns.offloads_off(i)?;
-            }
-        }
-        vp.sysctl("net.ipv4.ip_forward", "1")?;
-        vp.sysctl("net.ipv6.conf.all.forwarding", "1")?;
-        let addrs: [(&Netns, &str, &str, &str); 6] = [
+        let return_path = match links.span {
+            true => None,
+            false => link(links.return_path, &server, "s-c", &client, "c-s")?,
+        };
+        // (namespace, interface, IPv4, IPv6): the direct link's two ends come last.
+        let mut addrs: Vec<(&Netns, &str, &str, &str)> = vec![
             (&client, "c-vp", "10.201.1.1/24", "fd00:201:1::1/64"),
             (&vp, VP_CLIENT_IF, "10.201.1.2/24", "fd00:201:1::2/64"),
             (&vp, "vp-s", "10.201.2.1/24", "fd00:201:2::1/64"),
@@ -104,16 +114,54 @@ impl OnePoint {
             (&server, "s-c", "10.201.3.2/24", "fd00:201:3::2/64"),
             (&client, "c-s", "10.201.3.1/24", "fd00:201:3::1/64"),
         ];
-        for (ns, ifname, v4, v6) in addrs {
+        if links.span {
+            addrs.truncate(4);
+        }
+        for ns in [&client, &vp, &server] {
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+            ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+        }
+        for &(ns, ifname, v4, v6) in &addrs {
+            ns.sysctl(&format!("net.ipv4.conf.{ifname}.rp_filter"), "0")?;
+            // Real wires carry MTU-sized frames, not TSO/GRO super-frames (DESIGN.md §6).
+            ns.offloads_off(ifname)?;
             ns.addr(ifname, v4)?;
             ns.addr(ifname, v6)?;
         }
+        vp.sysctl("net.ipv4.ip_forward", "1")?;
+        vp.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         client.route("10.201.2.0/24", "10.201.1.2")?;
         client.route("fd00:201:2::/64", "fd00:201:1::2")?;
-        server.route("10.201.1.0/24", "10.201.3.1")?;
-        server.route("fd00:201:1::/64", "fd00:201:3::1")?;
-        Ok(OnePoint { client, vp, server, client_side, return_path, server_side })
+        let monitor = match links.span {
+            true => {
+                server.route("10.201.1.0/24", "10.201.2.1")?;
+                server.route("fd00:201:1::/64", "fd00:201:2::1")?;
+                Some(span_port(&vp)?)
+            }
+            false => {
+                server.route("10.201.1.0/24", "10.201.3.1")?;
+                server.route("fd00:201:1::/64", "fd00:201:3::1")?;
+                None
+            }
+        };
+        Ok(OnePoint { client, vp, server, client_side, return_path, server_side, monitor })
     }
+}
+
+/// The monitor namespace, its port [`MONITOR_IF`] receiving a copy of every frame `vp` receives
+/// on either side.
+fn span_port(vp: &Netns) -> Result<Netns> {
+    let monitor = Netns::new("mon")?;
+    veth(vp, "mon-a", &monitor, MONITOR_IF)?;
+    vp.offloads_off("mon-a")?;
+    monitor.offloads_off(MONITOR_IF)?;
+    for ifname in [VP_CLIENT_IF, "vp-s"] {
+        vp.run(&["tc", "qdisc", "add", "dev", ifname, "clsact"])?;
+        #[rustfmt::skip]
+        vp.run(&["tc", "filter", "add", "dev", ifname, "ingress", "protocol", "all", "prio", "1",
+            "u32", "match", "u32", "0", "0", "action", "mirred", "egress", "mirror", "dev", "mon-a"])?;
+    }
+    Ok(monitor)
 }
 
 /// Finds a binary of this workspace next to the running test executable (target/<profile>/).

@@ -3,15 +3,11 @@
 //! estimates and the same fridge samples (up to the capture's timestamps differing from the XDP
 //! program's by microseconds).
 
-use std::{
-    collections::BTreeMap,
-    io::{BufRead, BufReader},
-    process::Stdio,
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use pirate_tests::{
+    capture::Capture,
     linkem::LinkSpec,
     servers::nginx,
     testbed::{workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
@@ -37,33 +33,7 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
         tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(Duration::from_millis(5)), &LinkSpec::default(), 1)?;
     let _nginx = nginx(&tb.server, &[("small", 200), ("large", 30_000)])?;
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
-    let pcap = std::env::temp_dir().join(format!("pirate-replay-{}.pcap", std::process::id()));
-    // Immediate mode: libpcap would otherwise hold packets in a ring block until a 1 s timeout.
-    let mut tcpdump = tb
-        .vp
-        .command(&[
-            "tcpdump",
-            "-i",
-            VP_CLIENT_IF,
-            "-Q",
-            "in",
-            "--immediate-mode",
-            "-U",
-            "-s",
-            "256",
-            "--time-stamp-precision=nano",
-            "-w",
-            pcap.to_str().unwrap(),
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting tcpdump")?;
-    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line)?;
-    if !line.contains("listening") {
-        bail!("tcpdump: {line}");
-    }
+    let mut capture = Capture::start(&tb.vp, VP_CLIENT_IF, &["-Q", "in"])?;
 
     // Keep-alive HTTP with small and multi-packet responses (the client ACKs the large ones),
     // on three connections one after another.
@@ -80,21 +50,13 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
     let kernel_lines = pirated.stop()?;
     emu.stop()?;
     let kernel = by_flow(&kernel_lines);
-    // SAFETY: signalling our own child; SIGINT makes tcpdump flush and close the file.
-    unsafe { libc::kill(tcpdump.id() as i32, libc::SIGINT) };
-    let status = tcpdump.wait()?;
-    let mut summary = String::new();
-    std::io::Read::read_to_string(&mut err, &mut summary)?;
-    if !status.success() {
-        bail!("tcpdump {status}: {summary}");
-    }
+    capture.stop()?;
 
     let cfg = std::env::temp_dir().join(format!("pirate-replay-{}.toml", std::process::id()));
     std::fs::write(&cfg, CONFIG)?;
     let out = std::process::Command::new(workspace_binary("pirated")?)
-        .args(["replay", "--pcap", pcap.to_str().unwrap(), "--config", cfg.to_str().unwrap()])
+        .args(["replay", "--pcap", capture.path().to_str().unwrap(), "--config", cfg.to_str().unwrap()])
         .output()?;
-    let _ = std::fs::remove_file(&pcap);
     let _ = std::fs::remove_file(&cfg);
     if !out.status.success() {
         bail!("replay failed: {}", String::from_utf8_lossy(&out.stderr));

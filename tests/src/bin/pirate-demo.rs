@@ -1,17 +1,23 @@
 //! `cargo xtask demo`: builds the one-point testbed (client, vantage point, server; replies
 //! return on a direct link, as behind a DSR load balancer), drives real clients against real
 //! servers through it, and shows pirated's estimates — made from client→server packets only —
-//! beside the latencies the clients measured themselves. Tears everything down on exit.
+//! beside the latencies the clients measured themselves. Then the fridges: on a testbed whose
+//! vantage point mirrors both directions to a monitor port, short connections, DNS queries and
+//! pings answered 1–100 ms late, their delay quantiles beside the pairs in a capture at the
+//! client. Tears everything down on exit.
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use pirate_tests::{
-    clients::{redis_benchmark, wrk, ClientLatency},
+    capture::Capture,
+    clients::{dnsperf, redis_benchmark, short_connections, wrk, ClientLatency},
     linkem::LinkSpec,
-    servers::{nginx, redis},
-    testbed::{batch_weighted_mean, By, Links, Of, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    pairs::{quantile, Pairs},
+    servers::{nginx, redis, unbound},
+    testbed::{batch_weighted_mean, By, Links, Of, OnePoint, Pirated, MONITOR_IF, SERVER_IP, VP_CLIENT_IF},
 };
+use serde_json::Value;
 
 struct Case {
     name: &'static str,
@@ -90,5 +96,62 @@ fn main() -> Result<()> {
     }
     println!("\nThe clients' figures come from the clients themselves (wrk's and redis-benchmark's own");
     println!("latency statistics); pirated saw only the client→server packets, at the vantage point.");
+    fridges()
+}
+
+/// Request→response delays: pirated's fridges (its default configuration) against the pairs
+/// in a capture at the client.
+fn fridges() -> Result<()> {
+    const RATE: u32 = 100;
+    let duration = Duration::from_secs(5);
+    println!("\nrunning: short TCP connections, DNS queries (dnsperf → unbound) and pings, {RATE} a second each,");
+    println!("         answered 1–100 ms late (log-uniform); pirated on a port mirroring both directions …");
+    let tb = OnePoint::with(Links { server_side: true, span: true, ..Links::default() })?;
+    let _nginx = nginx(&tb.server, &[("index.html", 612)])?;
+    let _unbound = unbound(&tb.server)?;
+    let delays = "delay=1ms,jitter=99ms,dist=loguniform".parse()?;
+    let emu = tb.server_side.as_ref().unwrap().start(&LinkSpec::default(), &delays, 1)?;
+    let pirated = Pirated::start(tb.monitor.as_ref().unwrap(), MONITOR_IF, "")?;
+    let mut capture = Capture::start(&tb.client, "c-vp", &[])?;
+    let server = format!("{SERVER_IP}:80").parse()?;
+    let (interval, count) = (format!("{}", 1.0 / RATE as f64), (RATE as u64 * duration.as_secs()).to_string());
+    std::thread::scope(|scope| -> Result<()> {
+        let connections = scope.spawn(|| short_connections(&tb.client, server, RATE as f64, duration));
+        let pings = scope.spawn(|| tb.client.run(&["ping", "-q", "-i", &interval, "-c", &count, SERVER_IP]));
+        dnsperf(&tb.client, SERVER_IP, RATE, duration)?;
+        connections.join().expect("the client panicked")?;
+        pings.join().expect("ping panicked")?;
+        Ok(())
+    })?;
+    std::thread::sleep(Duration::from_millis(200));
+    let metrics = tb.monitor.as_ref().unwrap().run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let mut pirated = pirated;
+    let lines = pirated.stop()?;
+    emu.stop()?;
+    let mut truth = Pairs::of(&capture.frames()?)?;
+
+    println!("\n{:<15} {:>6} {:>28} {:>28}", "class", "pairs", "capture p50 / p95 / p99", "pirated p50 / p95 / p99");
+    for (class, delays) in
+        [("tcp-handshake", &mut truth.handshakes), ("dns", &mut truth.dns), ("icmp-echo", &mut truth.echoes)]
+    {
+        let line = lines
+            .iter()
+            .rev()
+            .find(|v| v["type"] == "fridge_class" && v["class"] == class)
+            .with_context(|| format!("pirated reported no {class} delays"))?;
+        let ms = |v: &Value| v.as_f64().map_or("-".to_string(), |ns| format!("{:.1}", ns / 1e6));
+        let ours = ["p50", "p95", "p99"].map(|q| ms(&line["quantiles_ns"][q]));
+        let theirs = [0.5, 0.95, 0.99].map(|q| format!("{:.1}", quantile(delays, q) / 1e6));
+        println!("{class:<15} {:>6} {:>25} ms {:>25} ms", delays.len(), theirs.join(" / "), ours.join(" / "));
+    }
+    println!("\nPrometheus exposition of the fridges (GET /metrics, excerpt):");
+    let mut excerpt: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("pirated_fridge_delay_quantile") || l.starts_with("pirated_fridge_pairs"))
+        .collect();
+    excerpt.sort_unstable();
+    for line in excerpt {
+        println!("  {line}");
+    }
     Ok(())
 }

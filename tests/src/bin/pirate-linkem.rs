@@ -51,7 +51,8 @@ SPEC is a comma-separated list of key=value, each optional:
   jitter=1ms         random variation added to delay (frames leave in order of departure
                      time, so jitter larger than the gap between frames reorders them)
   dist=uniform       jitter distribution: uniform (delay ± jitter, sd jitter/√3) or
-                     normal (sd jitter, clamped at zero delay)
+                     normal (sd jitter, clamped at zero delay) or loguniform
+                     (delay … delay + jitter, every factor of ten in between alike)
   loss=0.01          probability of dropping a frame (or loss=1%)
   reorder=0.25       probability that a frame is sent after reorder_delay instead of
                      delay ± jitter, overtaking the frames queued before it (netem's reorder)

@@ -16,6 +16,9 @@ pub enum Dist {
     Uniform,
     /// Normal with mean `delay` and standard deviation `jitter`, clamped at zero delay.
     Normal,
+    /// Log-uniform on `delay … delay + jitter`: each factor of ten in between equally likely, so
+    /// one link carries delays spanning decades (what the fridges must measure without bias).
+    LogUniform,
 }
 
 impl fmt::Display for Dist {
@@ -23,6 +26,7 @@ impl fmt::Display for Dist {
         f.write_str(match self {
             Dist::Uniform => "uniform",
             Dist::Normal => "normal",
+            Dist::LogUniform => "loguniform",
         })
     }
 }
@@ -34,7 +38,8 @@ impl FromStr for Dist {
         match s {
             "uniform" => Ok(Dist::Uniform),
             "normal" => Ok(Dist::Normal),
-            _ => bail!("unknown distribution {s:?} (expected uniform or normal)"),
+            "loguniform" => Ok(Dist::LogUniform),
+            _ => bail!("unknown distribution {s:?} (expected uniform, normal or loguniform)"),
         }
     }
 }
@@ -95,6 +100,7 @@ impl LinkSpec {
             delay_ns += match self.dist {
                 Dist::Uniform => (2.0 * rng.next_f64() - 1.0) * jitter_ns,
                 Dist::Normal => rng.next_normal() * jitter_ns,
+                Dist::LogUniform => delay_ns * (((delay_ns + jitter_ns) / delay_ns).powf(rng.next_f64()) - 1.0),
             };
         }
         Fate::Delayed { delay_ns: delay_ns.max(0.0).round() as i64, reordered: false }
@@ -105,6 +111,9 @@ impl LinkSpec {
             if !(0.0..=1.0).contains(&p) {
                 bail!("{name}={p} is not a probability in 0..1");
             }
+        }
+        if self.dist == Dist::LogUniform && self.delay.is_zero() && !self.jitter.is_zero() {
+            bail!("dist=loguniform needs delay > 0: its range is delay … delay + jitter");
         }
         Ok(())
     }
@@ -241,6 +250,7 @@ mod tests {
             "delay=5ms",
             "delay=20ms,jitter=1ms,dist=normal,loss=0.1,reorder=0.25,reorder_delay=1500us",
             "delay=123456789ns,jitter=7us",
+            "delay=1ms,jitter=99ms,dist=loguniform",
         ] {
             let spec: LinkSpec = text.parse().unwrap();
             assert_eq!(spec.to_string(), text);
@@ -252,9 +262,17 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        for bad in
-            ["delay=5", "delay=5m", "delay=-1ms", "loss=1.5", "reorder=-0.1", "dist=pareto", "latency=1ms", "delay"]
-        {
+        for bad in [
+            "delay=5",
+            "delay=5m",
+            "delay=-1ms",
+            "loss=1.5",
+            "reorder=-0.1",
+            "dist=pareto",
+            "latency=1ms",
+            "delay",
+            "jitter=1ms,dist=loguniform",
+        ] {
             assert!(bad.parse::<LinkSpec>().is_err(), "{bad:?} parsed");
         }
     }

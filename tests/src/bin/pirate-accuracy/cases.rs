@@ -140,6 +140,7 @@ impl Case {
             return_path: self.return_delay_ms.is_some(),
             client_side: self.client_side.is_some(),
             server_side: self.server_side.is_some(),
+            span: false,
         })?;
         let port = match self.server {
             Server::Nginx { .. } => 80,

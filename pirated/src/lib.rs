@@ -9,6 +9,7 @@ pub mod epoch;
 pub mod fridge;
 pub mod histogram;
 pub mod json;
+pub mod lb;
 pub mod metrics;
 pub mod parallel;
 pub mod pirate;

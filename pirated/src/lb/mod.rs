@@ -1,0 +1,5 @@
+//! Latency-aware layer-4 load balancing (the Pirate paper's §4): weighted Maglev rings and the
+//! controller that sets their weights from measured latencies.
+
+pub mod controller;
+pub mod maglev;

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::netns::Netns;
+use crate::{linkem::rng::SplitMix64, netns::Netns};
 
 /// What a load generator measured itself.
 #[derive(Clone, Copy, Debug)]
@@ -123,15 +123,11 @@ pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result
 /// overlap): the time each `connect` took, as its client saw it (SYN out → SYN/ACK in).
 pub fn short_connections(ns: &Netns, server: SocketAddr, rate: f64, duration: Duration) -> Result<Vec<Duration>> {
     let run = move || -> Result<Vec<Duration>> {
-        let (start, mut at, mut state) = (Instant::now(), Duration::ZERO, 0x5eed_u64);
+        let (start, mut at, mut rng) = (Instant::now(), Duration::ZERO, SplitMix64::new(0x5eed));
         let mut handles = Vec::new();
         while at < duration {
-            // xorshift64*: uniform in (0, 1], then an exponential gap.
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            let u = ((state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) + 1) as f64 / (1u64 << 53) as f64;
-            at += Duration::from_secs_f64(-u.ln() / rate);
+            // Exponential gaps; 1 - u is in (0, 1], so the logarithm is finite.
+            at += Duration::from_secs_f64(-(1.0 - rng.next_f64()).ln() / rate);
             std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
             handles.push(std::thread::spawn(move || {
                 let began = Instant::now();

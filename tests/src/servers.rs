@@ -141,12 +141,28 @@ pub fn unbound(ns: &Netns) -> Result<Server> {
     std::fs::write(
         &conf,
         format!(
-            "server:\n  interface: 0.0.0.0\n  interface: ::\n  port: 53\n  do-daemonize: no\n  \
-             username: \"\"\n  chroot: \"\"\n  directory: \"{}\"\n  pidfile: \"\"\n  use-syslog: no\n  \
-             logfile: \"\"\n  verbosity: 0\n  num-threads: 1\n  access-control: 0.0.0.0/0 allow\n  \
-             access-control: ::/0 allow\n  module-config: \"iterator\"\n  local-zone: \"test.\" static\n  \
-             local-data: \"{DNS_NAME} 3600 IN A {DNS_ADDRESS}\"\nremote-control:\n  control-enable: no\n",
-            dir.display()
+            r#"server:
+  interface: 0.0.0.0
+  interface: ::
+  port: 53
+  do-daemonize: no
+  username: ""
+  chroot: ""
+  directory: "{dir}"
+  pidfile: ""
+  use-syslog: no
+  logfile: ""
+  verbosity: 0
+  num-threads: 1
+  access-control: 0.0.0.0/0 allow
+  access-control: ::/0 allow
+  module-config: "iterator"
+  local-zone: "test." static
+  local-data: "{DNS_NAME} 3600 IN A {DNS_ADDRESS}"
+remote-control:
+  control-enable: no
+"#,
+            dir = dir.display()
         ),
     )?;
     let child = ns

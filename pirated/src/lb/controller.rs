@@ -130,9 +130,9 @@ impl Controller {
                 (c.shift * ratio).min(self.weights[i] - c.min_weight).max(0.0)
             })
             .collect();
-        let moved = give.iter().sum::<f64>().min(c.max_step * fast.len() as f64);
+        let offered: f64 = give.iter().sum();
+        let moved = offered.min(c.max_step * fast.len() as f64);
         if moved > 0.0 {
-            let offered: f64 = give.iter().sum();
             for (&i, g) in slow.iter().zip(&give) {
                 self.weights[i] -= g * moved / offered;
             }

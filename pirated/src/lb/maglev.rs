@@ -65,11 +65,12 @@ pub fn is_prime(n: u32) -> bool {
 /// A weighted Maglev ring over backends `0..n`; `entries()[hash % size]` is a flow's backend.
 #[derive(Clone, Debug)]
 pub struct Ring {
+    /// Backend per entry; `FREE` while being filled.
     entries: Vec<u32>,
     perms: Vec<Permutation>,
-    /// Entries held per backend.
-    counts: Vec<u64>,
 }
+
+const FREE: u32 = u32::MAX;
 
 impl Ring {
     /// The ring of `size` (a prime) entries for backends identified by `ids` (any words: an
@@ -78,7 +79,7 @@ impl Ring {
         anyhow::ensure!(is_prime(size), "a Maglev ring's size must be a prime, not {size}");
         anyhow::ensure!(ids.len() == weights.len() && !ids.is_empty(), "one weight per backend, at least one backend");
         let perms = ids.iter().map(|id| Permutation::new(id, size as u64)).collect();
-        let mut ring = Ring { entries: vec![u32::MAX; size as usize], perms, counts: vec![0; ids.len()] };
+        let mut ring = Ring { entries: vec![FREE; size as usize], perms };
         ring.reweigh(weights)?;
         Ok(ring)
     }
@@ -88,8 +89,12 @@ impl Ring {
     }
 
     /// Entries held by each backend.
-    pub fn counts(&self) -> &[u64] {
-        &self.counts
+    pub fn counts(&self) -> Vec<u64> {
+        let mut counts = vec![0; self.perms.len()];
+        for &b in self.entries.iter().filter(|&&b| b != FREE) {
+            counts[b as usize] += 1;
+        }
+        counts
     }
 
     /// New weights for the same backends; returns how many entries changed backend.
@@ -98,41 +103,40 @@ impl Ring {
         let targets = apportion(weights, self.entries.len() as u64)
             .ok_or_else(|| anyhow::anyhow!("every backend's weight is 0"))?;
         let size = self.entries.len() as u64;
-        // Those above their target give up the entries they prefer least.
-        let mut free = Vec::new();
-        for (b, (&count, &target)) in self.counts.iter().zip(&targets).enumerate() {
-            if count > target {
-                let perm = self.perms[b];
-                let mut held: Vec<(u64, usize)> = (0..self.entries.len())
-                    .filter(|&e| self.entries[e] == b as u32)
-                    .map(|e| (perm.rank(e, size), e))
-                    .collect();
+        // Each backend's entries, by its preference: those above their target give up the
+        // ones they prefer least.
+        let mut held: Vec<Vec<(u64, usize)>> = vec![Vec::new(); self.perms.len()];
+        for (e, &b) in self.entries.iter().enumerate().filter(|&(_, &b)| b != FREE) {
+            held[b as usize].push((self.perms[b as usize].rank(e, size), e));
+        }
+        let mut moved = 0;
+        for (held, &target) in held.iter_mut().zip(&targets) {
+            if held.len() as u64 > target {
                 held.sort_unstable();
-                free.extend(held[target as usize..].iter().map(|&(_, e)| e));
+                for &(_, e) in &held[target as usize..] {
+                    self.entries[e] = FREE;
+                    moved += 1;
+                }
+                held.truncate(target as usize);
             }
         }
-        let moved = free.len() as u64;
-        for &e in &free {
-            let b = self.entries[e] as usize;
-            self.counts[b] -= 1;
-            self.entries[e] = u32::MAX;
-        }
-        self.fill(&targets);
+        let mut counts: Vec<u64> = held.iter().map(|h| h.len() as u64).collect();
+        self.fill(&mut counts, &targets);
         Ok(moved)
     }
 
     /// Fills the free entries: the backends below their targets take turns, each taking its
     /// next preferred free entry, a backend short of d entries taking d/d_max turns a round.
-    fn fill(&mut self, targets: &[u64]) {
+    fn fill(&mut self, counts: &mut [u64], targets: &[u64]) {
         let size = self.entries.len() as u64;
-        let deficit: Vec<u64> = self.counts.iter().zip(targets).map(|(&c, &t)| t.saturating_sub(c)).collect();
+        let deficit: Vec<u64> = counts.iter().zip(targets).map(|(&c, &t)| t.saturating_sub(c)).collect();
         let Some(&most) = deficit.iter().max().filter(|&&d| d > 0) else { return };
         let mut credit = vec![0u64; deficit.len()];
         let mut rank = vec![0u64; deficit.len()];
         let mut left: u64 = deficit.iter().sum();
         while left > 0 {
             for b in 0..deficit.len() {
-                if self.counts[b] == targets[b] {
+                if counts[b] == targets[b] {
                     continue;
                 }
                 credit[b] += deficit[b];
@@ -142,12 +146,12 @@ impl Ring {
                 credit[b] -= most;
                 let perm = self.perms[b];
                 let mut e = perm.entry(rank[b], size);
-                while self.entries[e] != u32::MAX {
+                while self.entries[e] != FREE {
                     rank[b] += 1;
                     e = perm.entry(rank[b], size);
                 }
                 self.entries[e] = b as u32;
-                self.counts[b] += 1;
+                counts[b] += 1;
                 rank[b] += 1;
                 left -= 1;
             }
@@ -216,7 +220,7 @@ mod tests {
     #[test]
     fn equal_weights_share_equally() {
         let r = ring(&[1; 7], 65_537);
-        for &c in r.counts() {
+        for c in r.counts() {
             assert!(c.abs_diff(65_537 / 7) <= 1, "{:?}", r.counts());
         }
         let longest = r.entries().chunk_by(|a, b| a == b).map(<[u32]>::len).max().unwrap();
@@ -247,7 +251,7 @@ mod tests {
             prop_assume!(weights.iter().any(|&w| w > 0));
             let r = ring(&weights, 65_537);
             let sum: u32 = weights.iter().sum();
-            for (&w, &c) in weights.iter().zip(r.counts()) {
+            for (&w, c) in weights.iter().zip(r.counts()) {
                 let expected = w as f64 / sum as f64 * 65_537.0;
                 prop_assert!((c as f64 - expected).abs() <= (0.01 * expected).max(1.0), "{c} for {expected}");
             }
@@ -276,7 +280,7 @@ mod tests {
                 .sum();
             prop_assert_eq!(differ, moved);
             prop_assert_eq!(moved, required);
-            prop_assert_eq!(r.counts().to_vec(), apportion(&changed, 65_537).unwrap());
+            prop_assert_eq!(r.counts(), apportion(&changed, 65_537).unwrap());
         }
     }
 }

@@ -111,7 +111,7 @@ fn fridges() -> Result<()> {
     let _unbound = unbound(&tb.server)?;
     let delays = "delay=1ms,jitter=99ms,dist=loguniform".parse()?;
     let emu = tb.server_side.as_ref().unwrap().start(&LinkSpec::default(), &delays, 1)?;
-    let pirated = Pirated::start(tb.monitor.as_ref().unwrap(), MONITOR_IF, "")?;
+    let mut pirated = Pirated::start(tb.monitor.as_ref().unwrap(), MONITOR_IF, "")?;
     let mut capture = Capture::start(&tb.client, "c-vp", &[])?;
     let server = format!("{SERVER_IP}:80").parse()?;
     let (interval, count) = (format!("{}", 1.0 / RATE as f64), (RATE as u64 * duration.as_secs()).to_string());
@@ -125,7 +125,6 @@ fn fridges() -> Result<()> {
     })?;
     std::thread::sleep(Duration::from_millis(200));
     let metrics = tb.monitor.as_ref().unwrap().run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
-    let mut pirated = pirated;
     let lines = pirated.stop()?;
     emu.stop()?;
     let mut truth = Pairs::of(&capture.frames()?)?;

@@ -31,7 +31,7 @@
 
 pub mod probe;
 pub mod relay;
-mod rng;
+pub(crate) mod rng;
 mod spec;
 mod sys;
 

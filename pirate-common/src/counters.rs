@@ -41,7 +41,16 @@ pub const EVENT_FRIDGE_SAMPLE_SENT: u32 = 14;
 /// Event: a fridge sample could not be sent (its ring buffer full).
 pub const EVENT_FRIDGE_SAMPLE_LOST: u32 = 15;
 
-pub const COUNT: u32 = 16;
+/// Event: `pirate_lb` sent a VIP's packet to its real itself (XDP_TX or a redirect).
+pub const EVENT_LB_FORWARDED: u32 = 16;
+/// Event: `pirate_lb` encapsulated a VIP's packet and left it to the kernel to route (no
+/// neighbour entry yet, or a link too small for it: the kernel resolves or fragments).
+pub const EVENT_LB_ROUTED: u32 = 17;
+/// Event: a VIP's packet whose ring entry names no real, or that cannot be encapsulated (a
+/// tagged frame, no room): passed on unchanged.
+pub const EVENT_LB_UNFORWARDED: u32 = 18;
+
+pub const COUNT: u32 = 19;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -61,6 +70,9 @@ pub const NAMES: [&str; COUNT as usize] = [
     "no_flow_program",
     "fridge_sample_sent",
     "fridge_sample_lost",
+    "lb_forwarded",
+    "lb_routed",
+    "lb_unforwarded",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

@@ -12,6 +12,7 @@ pub mod ctx;
 pub mod fridge;
 pub mod hash;
 pub mod key;
+pub mod lb;
 pub mod maps;
 pub mod parse;
 pub mod pirate;

@@ -4,7 +4,7 @@
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -41,7 +41,24 @@ pub const FRIDGE_OFFERED: &str = "FRIDGE_OFFERED";
 /// The fridges' samples (`fridge::Sample`), to pirated.
 pub const FRIDGE_SAMPLES: &str = "FRIDGE_SAMPLES";
 
-pub const ALL: [&str; 15] = [
+/// `pirate_lb`'s shape (`lb::LbShape`), written once by pirated.
+pub const LB_SHAPE: &str = "LB_SHAPE";
+/// The VIPs (`lb::VipKey` → VIP number).
+pub const LB_VIPS: &str = "LB_VIPS";
+/// Every VIP's two rings of real indices (`lb::ring_index`), mmapable: pirated writes the half
+/// not in use in place.
+pub const LB_RINGS: &str = "LB_RINGS";
+/// Per VIP, the half of its rings in use.
+pub const LB_HALVES: &str = "LB_HALVES";
+/// Real index → IPv4 address (zero: no real).
+pub const LB_REALS: &str = "LB_REALS";
+/// The connection table (LRU, `key::FlowId` → real index): an established flow keeps its real
+/// whatever the rings say later.
+pub const LB_CONNS: &str = "LB_CONNS";
+/// Per-CPU `lb::RealCounters` by real index.
+pub const LB_COUNTERS: &str = "LB_COUNTERS";
+
+pub const ALL: [&str; 22] = [
     CONFIG,
     EPOCH,
     COUNTERS,
@@ -57,4 +74,11 @@ pub const ALL: [&str; 15] = [
     FRIDGE_SLOTS,
     FRIDGE_OFFERED,
     FRIDGE_SAMPLES,
+    LB_SHAPE,
+    LB_VIPS,
+    LB_RINGS,
+    LB_HALVES,
+    LB_REALS,
+    LB_CONNS,
+    LB_COUNTERS,
 ];

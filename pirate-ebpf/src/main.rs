@@ -1,5 +1,6 @@
 //! pirated's XDP programs. `pirate_root` attaches to the interface, parses each frame once and
-//! tail-calls the enabled capabilities (`pirate`, `fridge`) in `CHAIN` order, then the forwarder slots, then passes.
+//! tail-calls the enabled capabilities (`pirate`, `fridge`) in `CHAIN` order, then the forwarder slots
+//! (Katran's balancer or the built-in `pirate_lb`), then passes.
 //! Measuring programs never drop or alter a packet: every failure is counted and passed on.
 #![no_std]
 #![allow(internal_features)]
@@ -8,6 +9,7 @@
 
 mod chain;
 mod fridge;
+mod lb;
 mod maps;
 mod pirate;
 mod root;

@@ -7,13 +7,14 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use pirate_common::{
     counters,
     ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
     fridge::{Fridges, Slot, MAX_FRIDGES},
     key::FlowId,
+    lb::{LbShape, RealCounters, VipKey, MAX_REALS, MAX_VIPS},
     pirate::{
         config::{Params, MODES_COMPACT, MODES_WIDE},
         table::Set,
@@ -68,6 +69,28 @@ pub static FRIDGE_OFFERED: Array<u64> = Array::pinned(MAX_FRIDGES as u32, 0);
 /// Samples, to pirated; pirated sizes it.
 #[map]
 pub static FRIDGE_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// `pirate_lb`'s shape, written by pirated.
+#[map]
+pub static LB_SHAPE: Array<LbShape> = Array::pinned(1, 0);
+/// VIP → its number (its rings and half).
+#[map]
+pub static LB_VIPS: HashMap<VipKey, u32> = HashMap::pinned(MAX_VIPS, 0);
+/// Two rings per VIP (`pirate_common::lb::ring_index`); pirated sizes it and writes it in place.
+#[map]
+pub static LB_RINGS: Array<u32> = Array::pinned(1, BPF_F_MMAPABLE);
+/// Per VIP, the half of its rings in use.
+#[map]
+pub static LB_HALVES: Array<u32> = Array::pinned(MAX_VIPS, 0);
+/// Real index → IPv4 address.
+#[map]
+pub static LB_REALS: Array<[u8; 4]> = Array::pinned(MAX_REALS, 0);
+/// Flow → real index; pirated sizes it.
+#[map]
+pub static LB_CONNS: LruHashMap<FlowId, u32> = LruHashMap::pinned(1, 0);
+/// What each real was sent.
+#[map]
+pub static LB_COUNTERS: PerCpuArray<RealCounters> = PerCpuArray::pinned(MAX_REALS, 0);
 
 #[inline(always)]
 pub fn count(index: u32) {

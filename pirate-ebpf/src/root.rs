@@ -15,7 +15,8 @@ use crate::{
     maps::{count, CTX},
 };
 
-struct Packet<'a>(&'a XdpContext);
+/// The frame, as the parser (and `pirate_lb`) reads it.
+pub struct Packet<'a>(pub &'a XdpContext);
 
 impl Frame for Packet<'_> {
     #[inline(always)]

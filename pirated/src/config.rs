@@ -1,7 +1,13 @@
 //! The TOML configuration: schema, defaults and validation. Every key is documented, with its
 //! default, in `configs/pirated.toml`; keep the two in step.
 
-use std::{fmt, net::SocketAddr, path::Path, str::FromStr, time::Duration};
+use std::{
+    fmt,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    path::Path,
+    str::FromStr,
+    time::Duration,
+};
 
 use anyhow::Context;
 use pirate_common::pirate::batch_break::BreakRules;
@@ -22,7 +28,63 @@ pub struct Config {
     pub max_flows: u32,
     pub pirate: PirateConfig,
     pub fridge: FridgeConfig,
+    pub lb: LbConfig,
     pub metrics: MetricsConfig,
+}
+
+/// Latency-aware load balancing: the built-in forwarder and the weight controller.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LbConfig {
+    pub vips: Vec<VipSpec>,
+    pub position: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tunnel_source: Option<Ipv4Addr>,
+    pub egress: Egress,
+    pub ring_size: u32,
+    pub max_connections: u32,
+    pub adaptive: bool,
+    pub control: crate::lb::controller::Control,
+}
+
+/// A virtual service and the reals behind it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VipSpec {
+    pub address: SocketAddrV4,
+    #[serde(default = "tcp")]
+    pub proto: Proto,
+    pub reals: Vec<Ipv4Addr>,
+}
+
+fn tcp() -> Proto {
+    Proto::Tcp
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn number(self) -> u8 {
+        match self {
+            Proto::Tcp => pirate_common::parse::IPPROTO_TCP,
+            Proto::Udp => pirate_common::parse::IPPROTO_UDP,
+        }
+    }
+}
+
+/// How the forwarder's encapsulated packets leave.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Egress {
+    /// From XDP, where the kernel's routes say (XDP_TX or a redirect), else through the kernel.
+    Xdp,
+    /// Through the kernel's routing, always.
+    Kernel,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -137,7 +199,23 @@ impl Default for Config {
             max_flows: 65536,
             pirate: PirateConfig::default(),
             fridge: FridgeConfig::default(),
+            lb: LbConfig::default(),
             metrics: MetricsConfig::default(),
+        }
+    }
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        LbConfig {
+            vips: Vec::new(),
+            position: 2,
+            tunnel_source: None,
+            egress: Egress::Xdp,
+            ring_size: crate::lb::maglev::DEFAULT_SIZE,
+            max_connections: 262_144,
+            adaptive: true,
+            control: crate::lb::controller::Control::default(),
         }
     }
 }
@@ -299,6 +377,7 @@ impl Config {
             );
         }
         self.fridge.validate()?;
+        self.lb.validate()?;
         for (key, v) in [
             ("min_mode_share", p.min_mode_share),
             ("min_time_share", p.min_time_share),
@@ -464,6 +543,91 @@ impl FridgeConfig {
         shape
     }
 }
+
+impl LbConfig {
+    /// Whether pirated balances: a VIP is configured.
+    pub fn enabled(&self) -> bool {
+        !self.vips.is_empty()
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        use pirate_common::{
+            ctx::FORWARD_SLOTS,
+            lb::{MAX_REALS, MAX_VIPS},
+        };
+        if self.vips.len() > MAX_VIPS as usize {
+            return refuse(&["lb.vips"], format!("lb.vips has {} VIPs: at most {MAX_VIPS}", self.vips.len()));
+        }
+        for (i, vip) in self.vips.iter().enumerate() {
+            if vip.reals.is_empty() {
+                return refuse(&["lb.vips"], format!("lb.vips[{i}] ({}) has no reals", vip.address));
+            }
+            if let Some(j) = self.vips[..i].iter().position(|v| (v.address, v.proto) == (vip.address, vip.proto)) {
+                return refuse(&["lb.vips"], format!("lb.vips[{i}] repeats lb.vips[{j}] ({})", vip.address));
+            }
+            if vip.reals.len() as u64 * 100 > self.ring_size as u64 {
+                return refuse(
+                    &["lb.ring_size", "lb.vips"],
+                    format!(
+                        "lb.ring_size = {}: a ring needs at least 100 entries per real ({} reals behind {})",
+                        self.ring_size,
+                        vip.reals.len(),
+                        vip.address
+                    ),
+                );
+            }
+        }
+        let reals: usize = self.vips.iter().map(|v| v.reals.len()).sum();
+        if reals >= MAX_REALS as usize {
+            return refuse(&["lb.vips"], format!("lb.vips have {reals} reals together: at most {}", MAX_REALS - 1));
+        }
+        if self.position >= FORWARD_SLOTS {
+            return refuse(
+                &["lb.position"],
+                format!("lb.position = {}: the forwarder slots are 0..{FORWARD_SLOTS}", self.position),
+            );
+        }
+        if !crate::lb::maglev::is_prime(self.ring_size) || self.ring_size > MAX_RING_SIZE {
+            return refuse(
+                &["lb.ring_size"],
+                format!("lb.ring_size = {}: must be a prime up to {MAX_RING_SIZE} (65537 is)", self.ring_size),
+            );
+        }
+        if self.max_connections == 0 || self.max_connections > 1 << 24 {
+            return refuse(
+                &["lb.max_connections"],
+                format!("lb.max_connections = {}: must be 1..=16777216", self.max_connections),
+            );
+        }
+        if self.enabled() && self.tunnel_source.is_none() {
+            return refuse(
+                &["lb.tunnel_source", "lb.vips"],
+                "lb.tunnel_source is not set: the forwarder needs the outer source address of the packets it \
+                 encapsulates (this host's address towards the reals)"
+                    .into(),
+            );
+        }
+        if let Some((key, problem)) = self.control.problem() {
+            return refuse(&[&format!("lb.control.{key}")], format!("lb.control.{problem}"));
+        }
+        Ok(())
+    }
+
+    /// The datapath's view.
+    pub fn shape(&self) -> pirate_common::lb::LbShape {
+        pirate_common::lb::LbShape {
+            ring_size: self.ring_size,
+            tunnel_source: self.tunnel_source.map_or([0; 4], |a| a.octets()),
+            flags: match self.egress {
+                Egress::Xdp => 0,
+                Egress::Kernel => pirate_common::lb::EGRESS_KERNEL,
+            },
+        }
+    }
+}
+
+/// The largest ring: a VIP's two rings then take 8 MiB.
+const MAX_RING_SIZE: u32 = 1_048_573;
 
 /// The most slots the fridges may have together (24 bytes each: 384 MiB).
 const MAX_FRIDGE_SLOTS: u32 = 1 << 24;

@@ -169,20 +169,24 @@ pub async fn run(
         tokio::pin!(work);
         // Flows go on rolling over meanwhile, and their records are stale: the ring holds only
         // what a few milliseconds bring.
-        let (report, fridge, window_back, text) = loop {
+        let (report, fridge, window_back, mut text) = loop {
             tokio::select! {
                 done = &mut work => break done??,
                 ready = empty_when_ready(&ring, samples.as_ref(), live) => ready?,
             }
         };
         window = window_back;
+        let lb = live.balance(&report)?;
+        if let (true, Some(lb)) = (json, &lb) {
+            lb.write_json(report.epoch, &mut text)?;
+        }
         if let Some(shape) = fridge.as_ref().and_then(|f| f.recalibrated) {
             live.reshape_fridges(shape)?;
             info!(p = ?(0..shape.count as usize).map(|k| shape.p(k)).collect::<Vec<_>>(), "fridges recalibrated");
         }
         let sent = lines.as_ref().map(|l| l.send(text));
         let mut m = metrics.lock().unwrap();
-        m.publish(&report, fridge.as_ref(), &kernel);
+        m.publish(&report, fridge.as_ref(), lb.as_ref(), &kernel);
         m.observe_epoch_time(started.elapsed());
         match sent {
             Some(Sent::Dropped) => m.json_epoch_dropped(),

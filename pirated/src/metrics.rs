@@ -25,6 +25,7 @@ use pirate_common::counters;
 
 use crate::{
     fridge::{self, report::FridgeReport},
+    lb::{self, balancer::LbEpoch},
     pirate::{self, report::EpochReport},
     source::Kernel,
 };
@@ -38,9 +39,11 @@ pub struct Metrics {
     registry: Registry,
     pirate: pirate::metrics::Metrics,
     fridge: fridge::metrics::Metrics,
+    lb: lb::metrics::Metrics,
     last_epoch: Gauge<f64, AtomicU64>,
     tail_call_misses: Counter,
     packets: Family<OutcomeLabel, Counter>,
+    lb_packets: Family<OutcomeLabel, Counter>,
     epochs: Counter,
     epoch_seconds: Histogram,
     json_dropped: Counter,
@@ -60,12 +63,15 @@ impl Metrics {
         let mut registry = Registry::with_prefix("pirated");
         let pirate = pirate::metrics::Metrics::register(&mut registry);
         let fridge = fridge::metrics::Metrics::register(&mut registry);
+        let lb = lb::metrics::Metrics::register(&mut registry);
         let m = Metrics {
             pirate,
             fridge,
+            lb,
             last_epoch: Gauge::default(),
             tail_call_misses: Counter::default(),
             packets: Family::default(),
+            lb_packets: Family::default(),
             epochs: Counter::default(),
             epoch_seconds: Histogram::new(exponential_buckets(100e-6, 2.0, 16)),
             json_dropped: Counter::default(),
@@ -84,6 +90,12 @@ impl Metrics {
             m.tail_call_misses.clone(),
         );
         registry.register("packets", "Packets seen by the XDP chain, by outcome", m.packets.clone());
+        registry.register(
+            "lb_packets",
+            "Packets to a VIP by what the forwarder did: sent from XDP (forwarded), encapsulated and left to the kernel to \
+             route (routed), or passed unchanged (unforwarded: no real, a tagged frame)",
+            m.lb_packets.clone(),
+        );
         registry.register("epochs", "Epochs processed", m.epochs.clone());
         registry.register(
             "epoch_processing_seconds",
@@ -108,7 +120,13 @@ impl Metrics {
     }
 
     /// Publishes one epoch: per-label gauges are replaced, counters advance.
-    pub fn publish(&mut self, report: &EpochReport, fridge: Option<&FridgeReport>, kernel: &Kernel) {
+    pub fn publish(
+        &mut self,
+        report: &EpochReport,
+        fridge: Option<&FridgeReport>,
+        lb: Option<&LbEpoch>,
+        kernel: &Kernel,
+    ) {
         let now = &kernel.counters;
         let delta: [u64; counters::COUNT as usize] =
             std::array::from_fn(|i| now[i].saturating_sub(self.last_kernel[i]));
@@ -116,10 +134,20 @@ impl Metrics {
         if let Some(f) = fridge {
             self.fridge.publish(f, &delta);
         }
+        if let Some(lb) = lb {
+            self.lb.publish(lb);
+        }
         for (d, name) in delta.iter().zip(counters::NAMES).take(counters::OUTCOMES as usize) {
             self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(*d);
         }
         self.tail_call_misses.inc_by(delta[counters::EVENT_NO_TAIL_CALL as usize]);
+        for (event, name) in [
+            (counters::EVENT_LB_FORWARDED, "forwarded"),
+            (counters::EVENT_LB_ROUTED, "routed"),
+            (counters::EVENT_LB_UNFORWARDED, "unforwarded"),
+        ] {
+            self.lb_packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(delta[event as usize]);
+        }
         let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         self.last_epoch.set(wall.as_secs_f64());
         self.last_kernel = *now;

@@ -161,3 +161,73 @@ pub fn dnsperf(ns: &Netns, server: &str, rate: u32, duration: Duration) -> Resul
         _ => bail!("dnsperf lost queries or printed no summary:\n{out}"),
     }
 }
+
+/// One HTTP/1.1 keep-alive connection from `ns` to `server`, established before this returns,
+/// then sending GET requests one after another for `duration` on a thread of its own, which
+/// yields each request's latency (request written → whole response read). Any failure (refused,
+/// reset, a short or malformed response) is an error: a connection the load balancer moved to
+/// another real breaks so.
+pub fn http_keepalive(
+    ns: &Netns,
+    server: SocketAddr,
+    duration: Duration,
+) -> Result<std::thread::JoinHandle<Result<Vec<Duration>>>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = move || -> Result<Vec<Duration>> {
+        let connected = TcpStream::connect_timeout(&server, Duration::from_secs(3)).context("connecting");
+        let _ = tx.send(connected.is_ok());
+        let mut conn = connected?;
+        conn.set_nodelay(true)?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let (start, mut latencies) = (Instant::now(), Vec::new());
+        while start.elapsed() < duration {
+            let began = Instant::now();
+            http_exchange(&mut conn, "keep-alive").with_context(|| format!("request {}", latencies.len() + 1))?;
+            latencies.push(began.elapsed());
+        }
+        Ok(latencies)
+    };
+    let handle = ns.spawn_in(run)?;
+    if rx.recv() == Ok(true) {
+        return Ok(handle);
+    }
+    match handle.join() {
+        Ok(Err(e)) => Err(e),
+        _ => bail!("the client thread ended without connecting"),
+    }
+}
+
+/// Writes a GET and reads the whole response (its head, then Content-Length bytes of body).
+fn http_exchange(conn: &mut TcpStream, connection: &str) -> Result<()> {
+    use std::io::{Read, Write};
+    conn.write_all(format!("GET / HTTP/1.1\r\nHost: test\r\nConnection: {connection}\r\n\r\n").as_bytes())?;
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 4096];
+    let (head_end, body) = loop {
+        let n = conn.read(&mut chunk)?;
+        if n == 0 {
+            bail!("the connection closed before a whole response");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            if !head.starts_with("http/1.1 200") {
+                bail!("response {:?}", head.lines().next().unwrap_or(""));
+            }
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .context("a response without Content-Length")?;
+            break (end + 4, len);
+        }
+    };
+    while buf.len() < head_end + body {
+        let n = conn.read(&mut chunk)?;
+        if n == 0 {
+            bail!("the connection closed inside a response body");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Ok(())
+}

@@ -497,7 +497,7 @@ fn next_seq() -> String {
 
 /// Runs `cmd` to completion; on failure, an error naming `what`, the command line and its output
 /// (the tail of it: a verifier log can run to megabytes).
-fn run(cmd: &mut Command, what: &str) -> Result<Output> {
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<Output> {
     let line = format!(
         "{} {}",
         cmd.get_program().to_string_lossy(),

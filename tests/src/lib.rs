@@ -2,6 +2,7 @@
 //! stands in for netem, and the one-point testbed with real clients and servers.
 //! Everything here runs as root and tears down what it creates.
 
+pub mod balancing;
 pub mod capture;
 pub mod clients;
 pub mod katran;

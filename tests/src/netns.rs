@@ -288,3 +288,15 @@ fn run_checked(cmd: &mut Command) -> Result<String> {
     }
     String::from_utf8(out.stdout).with_context(|| format!("non-UTF-8 output from {line}"))
 }
+
+impl Netns {
+    /// TCP connections accepted in the namespace so far (`PassiveOpens` of /proc/net/snmp, which
+    /// is per namespace): the server side's own count of the connections that reached it.
+    pub fn tcp_passive_opens(&self) -> Result<u64> {
+        let snmp = self.run(&["cat", "/proc/net/snmp"])?;
+        let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+        let (names, values) = (tcp.next().context("no Tcp: header")?, tcp.next().context("no Tcp: values")?);
+        let column = names.split_whitespace().position(|n| n == "PassiveOpens").context("no PassiveOpens column")?;
+        values.split_whitespace().nth(column).context("short Tcp: values")?.parse().context("PassiveOpens")
+    }
+}

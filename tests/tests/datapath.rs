@@ -265,6 +265,13 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
         "FRIDGE_OFFERED",
         "FRIDGE_SHAPE",
         "FRIDGE_SLOTS",
+        "LB_CONNS",
+        "LB_COUNTERS",
+        "LB_HALVES",
+        "LB_REALS",
+        "LB_RINGS",
+        "LB_SHAPE",
+        "LB_VIPS",
         "PIRATE_FLOW",
         "V6_NAMES",
     ];
@@ -395,8 +402,13 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     ensure!(map_id(&dir.join("FORWARD"))? == forward, "FORWARD was replaced");
     ensure!(map_id(&dir.join("FLOWS"))? != flows, "the flow table of the old layout was reused");
     let marker = |pins: &[String]| pins.iter().filter(|p| p.starts_with("layout-")).cloned().collect::<Vec<_>>();
-    let fridge_slots = pirated::config::Config::default().fridge.shape().slots();
-    let expected = format!("layout-v{}-compact-flows1024-fridge{fridge_slots}", pirate_common::maps::LAYOUT_VERSION);
+    let defaults = pirated::config::Config::default();
+    let expected = format!(
+        "layout-v{}-compact-flows1024-fridge{}-lb1x{}",
+        pirate_common::maps::LAYOUT_VERSION,
+        defaults.fridge.shape().slots(),
+        defaults.lb.max_connections
+    );
     ensure!(marker(&after) == [expected], "markers {:?} (before {:?})", marker(&after), marker(&before));
     ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");
     Ok(())

@@ -4,7 +4,9 @@
 //! and `percpu` are the kernel calls pirated makes without aya (`bpf_call`).
 
 mod bpf_call;
+mod lb;
 pub mod memlock;
+mod mmap;
 pub mod percpu;
 pub mod pins;
 pub mod table;
@@ -79,6 +81,8 @@ pub struct Datapath {
     pub attached_mode: &'static str,
     /// Possible CPUs: the per-CPU maps' value count.
     cpus: usize,
+    /// The forwarder's rings, mapped.
+    rings: mmap::Mapped,
 }
 
 /// The epoch the datapath starts in, from load.
@@ -117,6 +121,8 @@ impl Datapath {
             .set_max_entries(maps::RECORDS, ring_bytes)
             .set_max_entries(maps::FRIDGE_SLOTS, config.fridge.shape().slots())
             .set_max_entries(maps::FRIDGE_SAMPLES, config.fridge.ring_bytes)
+            .set_max_entries(maps::LB_RINGS, lb_ring_entries(config))
+            .set_max_entries(maps::LB_CONNS, config.lb.max_connections)
             .load(OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
@@ -165,6 +171,10 @@ impl Datapath {
         let table =
             FlowTable::map(table_map(ebpf.map(layout.flows_map()).unwrap())?).context("mapping the flow table")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
+        let rings = match ebpf.map(maps::LB_RINGS).unwrap() {
+            Map::Array(d) => mmap::Mapped::of(d).context("mapping LB_RINGS")?,
+            _ => bail!("LB_RINGS is not an array: pirated and its XDP object were built apart"),
+        };
         let mut dp = Datapath {
             ebpf,
             layout,
@@ -176,6 +186,7 @@ impl Datapath {
             pins: None,
             attached_mode: "none",
             cpus,
+            rings,
         };
         // Before the fridge is chained: it reads its shape from the first packet on.
         dp.set_fridge_shape(config.fridge.shape())?;
@@ -381,8 +392,13 @@ impl Drop for Datapath {
 }
 
 /// Every program of the chain pirated loads, the root first.
-fn programs(layout: Layout) -> [&'static str; 4] {
-    [ROOT, layout.program(), layout.flow_program(), FRIDGE]
+fn programs(layout: Layout) -> [&'static str; 5] {
+    [ROOT, layout.program(), layout.flow_program(), FRIDGE, lb::LB]
+}
+
+/// Entries of `LB_RINGS`: two rings per VIP (one entry without VIPs: maps are never empty).
+fn lb_ring_entries(config: &Config) -> u32 {
+    (config.lb.vips.len() as u32 * 2 * config.lb.ring_size).max(1)
 }
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {
@@ -434,7 +450,9 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
 fn layout_tag(config: &Config) -> String {
     let layout = Layout::for_modes(config.pirate.modes);
     let fridge_slots = config.fridge.shape().slots();
-    format!("v{}-{layout:?}-flows{}-fridge{fridge_slots}", maps::LAYOUT_VERSION, config.max_flows).to_lowercase()
+    let (rings, conns) = (lb_ring_entries(config), config.lb.max_connections);
+    format!("v{}-{layout:?}-flows{}-fridge{fridge_slots}-lb{rings}x{conns}", maps::LAYOUT_VERSION, config.max_flows)
+        .to_lowercase()
 }
 
 /// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header

@@ -9,8 +9,9 @@
 //! Weights are in units of an equal share (n reals: they sum to n), and stay at or above
 //! `min_weight`, so that a slow real keeps receiving the new flows that measure its recovery.
 
-/// The controller's constants; the defaults are the paper's.
-#[derive(Clone, Debug, PartialEq)]
+/// The controller's constants (`[lb.control]`); the defaults are the paper's.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Control {
     /// The high watermark, × the lowest mean latency (paper: 1.5).
     pub alpha_high: f64,
@@ -43,23 +44,26 @@ impl Default for Control {
 }
 
 impl Control {
-    /// Why the constants cannot work, if they cannot.
-    pub fn problem(&self) -> Option<String> {
+    /// Why the constants cannot work, if they cannot: the key at fault and what is wrong.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
         let positive = [("shift", self.shift), ("max_step", self.max_step), ("regress", self.regress)];
-        if let Some((name, v)) = positive.iter().find(|(_, v)| !(*v > 0.0 && v.is_finite())) {
-            return Some(format!("{name} = {v}: must be above 0"));
+        if let Some(&(name, v)) = positive.iter().find(|(_, v)| !(*v > 0.0 && v.is_finite())) {
+            return Some((name, format!("{name} = {v}: must be above 0")));
+        }
+        if self.regress > 1.0 {
+            return Some(("regress", format!("regress = {}: at most 1", self.regress)));
         }
         if !(self.alpha_low >= 1.0 && self.alpha_high > self.alpha_low && self.alpha_high.is_finite()) {
-            return Some(format!(
-                "alpha_low = {} and alpha_high = {}: need 1 <= alpha_low < alpha_high",
-                self.alpha_low, self.alpha_high
+            return Some((
+                "alpha_low",
+                format!(
+                    "alpha_low = {} and alpha_high = {}: need 1 <= alpha_low < alpha_high",
+                    self.alpha_low, self.alpha_high
+                ),
             ));
         }
-        if !(0.0..1.0).contains(&self.min_weight) || self.regress > 1.0 {
-            return Some(format!(
-                "min_weight = {} must be in 0..1, regress = {} at most 1",
-                self.min_weight, self.regress
-            ));
+        if !(0.0..1.0).contains(&self.min_weight) {
+            return Some(("min_weight", format!("min_weight = {}: must be in 0..1", self.min_weight)));
         }
         None
     }

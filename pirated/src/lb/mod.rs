@@ -1,5 +1,7 @@
 //! Latency-aware layer-4 load balancing (the Pirate paper's §4): weighted Maglev rings and the
-//! controller that sets their weights from measured latencies.
+//! controller that sets their weights from measured latencies, run by the balancer.
 
+pub mod balancer;
 pub mod controller;
 pub mod maglev;
+pub mod metrics;

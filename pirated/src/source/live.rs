@@ -9,7 +9,8 @@ use crate::{
     config::Config,
     datapath::Datapath,
     fridge::samples::Samples,
-    pirate::{drain::Records, flow::FlowEpoch},
+    lb::balancer::{Balancer, LbEpoch},
+    pirate::{drain::Records, flow::FlowEpoch, report::EpochReport},
 };
 
 pub struct Live {
@@ -19,6 +20,8 @@ pub struct Live {
     samples: Option<Samples>,
     /// The epoch the datapath is in.
     epoch: u32,
+    /// The load balancer, if VIPs are configured.
+    balancer: Option<Balancer>,
 }
 
 impl Live {
@@ -29,7 +32,20 @@ impl Live {
             false => None,
         };
         let epoch = dp.epoch();
-        Ok(Live { dp, records, samples, epoch })
+        let balancer = match config.lb.enabled() {
+            true => {
+                let balancer = Balancer::new(&config.lb)?;
+                balancer.start(&mut dp, config.lb.shape())?;
+                Some(balancer)
+            }
+            false => None,
+        };
+        Ok(Live { dp, records, samples, epoch, balancer })
+    }
+
+    /// The balancer's step for an epoch's report, if it runs.
+    pub fn balance(&mut self, report: &EpochReport) -> anyhow::Result<Option<LbEpoch>> {
+        self.balancer.as_mut().map(|b| b.step(&mut self.dp, report)).transpose()
     }
 
     /// The descriptor that becomes readable when fridge samples arrive, if fridges are on.

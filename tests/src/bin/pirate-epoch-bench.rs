@@ -173,7 +173,7 @@ fn main() -> Result<()> {
             let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows, fridge: None }, scratch);
             let estimate = ms(started);
             let started = Instant::now();
-            metrics.publish(&report, None, &kernel);
+            metrics.publish(&report, None, None, &kernel);
             let publish = ms(started);
             (flows, scratch) = report.into_buffers();
             runs.push([drain, estimate, publish]);

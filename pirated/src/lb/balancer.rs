@@ -1,0 +1,254 @@
+//! The balancer as the daemon runs it: per VIP, its reals, weighted Maglev ring and controller.
+//! At start it installs the VIPs, reals and rings into the datapath and registers `pirate_lb`;
+//! every epoch it attributes Pirate's per-flow estimates to the reals the flows are held on (the
+//! forwarder's connection table), steps each VIP's controller and rewrites a ring whose weights
+//! moved.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use pirate_common::{
+    key::FlowId,
+    lb::{RealCounters, VipKey},
+};
+use serde::Serialize;
+
+use super::{
+    controller::{Control, Controller, RealStats},
+    maglev::Ring,
+};
+use crate::{
+    config::{LbConfig, Proto},
+    datapath::Datapath,
+    pirate::report::EpochReport,
+};
+
+/// Ring weights per unit of the controller's (an equal share is `WEIGHT_SCALE`).
+const WEIGHT_SCALE: f64 = 10_000.0;
+
+pub struct Balancer {
+    pools: Vec<Pool>,
+    control: Control,
+    adaptive: bool,
+    position: u32,
+}
+
+/// One VIP and its reals.
+struct Pool {
+    address: SocketAddrV4,
+    proto: Proto,
+    reals: Vec<Ipv4Addr>,
+    /// The datapath's index of `reals[0]`; the others follow.
+    first: u32,
+    ring: Ring,
+    controller: Controller,
+}
+
+/// One real's figures in an epoch, for the JSON lines and the metrics.
+#[derive(Clone, Debug, Serialize)]
+pub struct RealEpoch {
+    /// The VIP, as `address:port/proto`.
+    pub vip: String,
+    pub real: Ipv4Addr,
+    /// In equal shares (the VIP's reals sum to their number).
+    pub weight: f64,
+    /// Its share of the ring's entries.
+    pub share: f64,
+    pub latency_s: Option<f64>,
+    pub requests: u64,
+    pub active: u64,
+    pub freshness: f64,
+    /// What the forwarder sent it so far.
+    pub packets: u64,
+    pub bytes: u64,
+    pub connections: u64,
+}
+
+/// What one epoch of balancing did.
+#[derive(Clone, Debug, Default)]
+pub struct LbEpoch {
+    pub reals: Vec<RealEpoch>,
+    /// The VIPs whose weights moved.
+    pub moves: Vec<Move>,
+}
+
+/// A move of one VIP's weights.
+#[derive(Clone, Debug, Serialize)]
+pub struct Move {
+    pub vip: String,
+    /// Weight the controller moved (in equal shares), 0 when the weights regressed to equal.
+    pub weight: f64,
+    /// Ring entries that changed real.
+    pub entries: u64,
+}
+
+impl LbEpoch {
+    /// A JSON line per real (`"type": "real"`), then one per VIP whose weights moved
+    /// (`"type": "lb_move"`).
+    pub fn write_json(&self, epoch: u32, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        #[derive(Serialize)]
+        struct Line<'a, T> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            epoch: u32,
+            #[serde(flatten)]
+            of: &'a T,
+        }
+        for r in &self.reals {
+            serde_json::to_writer(&mut *out, &Line { kind: "real", epoch, of: r })?;
+            out.write_all(b"\n")?;
+        }
+        for m in &self.moves {
+            serde_json::to_writer(&mut *out, &Line { kind: "lb_move", epoch, of: m })?;
+            out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+}
+
+impl Balancer {
+    /// Every VIP's ring at equal weights.
+    pub fn new(config: &LbConfig) -> anyhow::Result<Balancer> {
+        let mut first = 1; // real index 0 is "no real"
+        let mut pools = Vec::with_capacity(config.vips.len());
+        for vip in &config.vips {
+            let ids: Vec<[u64; 1]> = vip.reals.iter().map(|r| [u32::from(*r) as u64]).collect();
+            let ids: Vec<&[u64]> = ids.iter().map(|id| id.as_slice()).collect();
+            let n = vip.reals.len();
+            let ring = Ring::new(&ids, &vec![WEIGHT_SCALE as u32; n], config.ring_size)?;
+            pools.push(Pool {
+                address: vip.address,
+                proto: vip.proto,
+                reals: vip.reals.clone(),
+                first,
+                ring,
+                controller: Controller::new(n),
+            });
+            first += n as u32;
+        }
+        Ok(Balancer { pools, control: config.control.clone(), adaptive: config.adaptive, position: config.position })
+    }
+
+    /// Installs the VIPs, reals and rings, then registers `pirate_lb` in its forwarder slot:
+    /// from then on packets to the VIPs are forwarded.
+    pub fn start(&self, dp: &mut Datapath, shape: pirate_common::lb::LbShape) -> anyhow::Result<()> {
+        let reals: Vec<(u32, Ipv4Addr)> =
+            self.pools.iter().flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r))).collect();
+        let vips: Vec<(VipKey, u32)> = self.pools.iter().enumerate().map(|(v, p)| (p.key(), v as u32)).collect();
+        dp.install_lb(shape, &reals, &vips)?;
+        for (v, pool) in self.pools.iter().enumerate() {
+            dp.write_ring(v as u32, &pool.ring_of_indices())?;
+        }
+        dp.register_forwarder(self.position)
+    }
+
+    /// One epoch: each real's latency and freshness from the flows `report` estimated, a step
+    /// of each VIP's controller (if adaptive), its ring rewritten if the weights moved.
+    pub fn step(&mut self, dp: &mut Datapath, report: &EpochReport) -> anyhow::Result<LbEpoch> {
+        let mut out = LbEpoch::default();
+        for (v, pool) in self.pools.iter_mut().enumerate() {
+            let key = pool.key();
+            let mut flows = Vec::new();
+            for (flow, est) in report.flows.iter().zip(&report.estimates) {
+                if VipKey::of(&flow.key) != Some(key) {
+                    continue;
+                }
+                let Some(index) = dp.connection(&FlowId::of(&flow.key))? else { continue };
+                let Some(real) = index.checked_sub(pool.first).filter(|&r| (r as usize) < pool.reals.len()) else {
+                    continue;
+                };
+                let figure = est.of(report.estimator).map(|e| (e.estimate_ns, e.batches));
+                flows.push((real as usize, figure));
+            }
+            let stats = per_real(&flows, pool.reals.len());
+            let name = pool.name();
+            if self.adaptive {
+                let step = pool.controller.step(&self.control, &stats);
+                if step.moved > 0.0 || step.regressed {
+                    let weights: Vec<u32> =
+                        pool.controller.weights.iter().map(|w| (w * WEIGHT_SCALE).round().max(1.0) as u32).collect();
+                    let moved = pool.ring.reweigh(&weights)?;
+                    dp.write_ring(v as u32, &pool.ring_of_indices())?;
+                    out.moves.push(Move { vip: name.clone(), weight: step.moved, entries: moved });
+                }
+            }
+            let counts = pool.ring.counts();
+            let size: u64 = counts.iter().sum();
+            for (i, s) in stats.iter().enumerate() {
+                let RealCounters { packets, bytes, connections } = dp.real_counters(pool.first + i as u32)?;
+                out.reals.push(RealEpoch {
+                    vip: name.clone(),
+                    real: pool.reals[i],
+                    weight: pool.controller.weights[i],
+                    share: counts[i] as f64 / size as f64,
+                    latency_s: s.latency_s,
+                    requests: s.requests,
+                    active: s.active,
+                    freshness: s.freshness(),
+                    packets,
+                    bytes,
+                    connections,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Pool {
+    fn key(&self) -> VipKey {
+        VipKey { addr: self.address.ip().octets(), port: self.address.port(), proto: self.proto.number(), _pad: 0 }
+    }
+
+    fn name(&self) -> String {
+        let proto = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        format!("{}/{proto}", self.address)
+    }
+
+    /// The ring with the datapath's real indices in place of positions in `reals`.
+    fn ring_of_indices(&self) -> Vec<u32> {
+        self.ring.entries().iter().map(|&b| self.first + b).collect()
+    }
+}
+
+/// Each real's figures from its flows of one epoch, `(real, Some((estimate ns, batches)))` or
+/// `None` for a flow without an estimate: the latency is the batch-weighted mean of the flows'
+/// estimates (a mean over requests), the requests their batches, the active flows all of them.
+pub fn per_real(flows: &[(usize, Option<(f64, u64)>)], reals: usize) -> Vec<RealStats> {
+    let mut sums = vec![(0.0, 0u64, 0u64); reals];
+    for &(real, figure) in flows {
+        let (weighted, batches, active) = &mut sums[real];
+        *active += 1;
+        if let Some((estimate_ns, b)) = figure {
+            *weighted += estimate_ns * b as f64;
+            *batches += b;
+        }
+    }
+    sums.into_iter()
+        .map(|(weighted, batches, active)| RealStats {
+            latency_s: (batches > 0).then(|| weighted / batches as f64 / 1e9),
+            requests: batches,
+            active,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real's latency is the mean over its requests, not over its flows; flows without an
+    /// estimate count as active and carry no requests.
+    #[test]
+    fn reals_average_over_requests() {
+        let flows = [(0, Some((1e6, 3))), (0, Some((4e6, 1))), (0, None), (2, Some((2e6, 5)))];
+        let stats = per_real(&flows, 3);
+        assert_eq!(stats[0].requests, 4);
+        assert_eq!(stats[0].active, 3);
+        assert!((stats[0].latency_s.unwrap() - 1.75e-3).abs() < 1e-12);
+        assert_eq!(stats[1], RealStats::default());
+        assert_eq!((stats[2].latency_s, stats[2].requests, stats[2].active), (Some(2e-3), 5, 1));
+    }
+}

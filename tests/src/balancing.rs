@@ -1,0 +1,133 @@
+//! The load-balancing testbed (DESIGN.md §5), laid out as Katran is deployed: the balancer
+//! hangs off a router on one interface ("one-armed"); the router sends it the VIP's traffic,
+//! the balancer sends each packet back IPIP-encapsulated to a real, and the reals answer the
+//! client straight through the router. pirated runs in `lb` on [`LB_IF`] and sees client→VIP
+//! packets only.
+//!
+//! ```text
+//!  client c-r 10.204.1.1 ── 10.204.1.2 r-c [router] r-lb 10.204.2.1 ── 10.204.2.2 lb-r [lb]
+//!                                                 r-bN 10.204.1N.1 ── 10.204.1N.2 b-r [backend N]
+//! ```
+//! Every backend holds the VIP on its loopback and runs `bpf/ipip_decap.c` on `b-r`, an XDP
+//! program standing in for Linux's ipip module (not built into this kernel). The links towards
+//! the backends carry 1600-byte frames, so an encapsulated full-size packet fits; the router's
+//! end of the balancer's link runs `bpf/xdp_pass.c`, without which a veth drops what its peer
+//! sends back from XDP.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result};
+
+use crate::netns::{require_root, veth, Netns};
+
+pub const CLIENT_IP: &str = "10.204.1.1";
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 204, 100, 1);
+pub const VIP_PORT: u16 = 80;
+/// pirated's interface in `lb`, and its address there (the tunnel's outer source).
+pub const LB_IF: &str = "lb-r";
+pub const LB_IP: Ipv4Addr = Ipv4Addr::new(10, 204, 2, 2);
+
+/// Backend `i`'s address (its real).
+pub fn backend_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 204, 10 + i as u8, 2)
+}
+
+pub fn vip() -> SocketAddr {
+    SocketAddr::from((VIP, VIP_PORT))
+}
+
+pub struct Balanced {
+    pub client: Netns,
+    pub router: Netns,
+    pub lb: Netns,
+    pub backends: Vec<Netns>,
+}
+
+impl Balanced {
+    /// The testbed with `n` backends (at most 80); its XDP programs are built into `build_dir`.
+    pub fn new(n: usize, build_dir: &Path) -> Result<Balanced> {
+        require_root()?;
+        let decap = build_xdp(build_dir, "ipip_decap")?;
+        let pass = build_xdp(build_dir, "xdp_pass")?;
+        let client = Netns::new("cli")?;
+        let router = Netns::new("rtr")?;
+        let lb = Netns::new("lb")?;
+        let backends = (0..n).map(|i| Netns::new(&format!("b{i}"))).collect::<Result<Vec<_>>>()?;
+        veth(&client, "c-r", &router, "r-c")?;
+        veth(&router, "r-lb", &lb, LB_IF)?;
+        for (i, b) in backends.iter().enumerate() {
+            veth(&router, &format!("r-b{i}"), b, "b-r")?;
+        }
+        for ns in [&client, &router, &lb].into_iter().chain(&backends) {
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+            ns.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+        }
+        let mut links: Vec<(&Netns, String, String, u32)> = vec![
+            (&client, "c-r".into(), "10.204.1.1/24".into(), 1500),
+            (&router, "r-c".into(), "10.204.1.2/24".into(), 1500),
+            (&router, "r-lb".into(), "10.204.2.1/24".into(), 1600),
+            (&lb, LB_IF.into(), format!("{LB_IP}/24"), 1600),
+        ];
+        for (i, b) in backends.iter().enumerate() {
+            links.push((&router, format!("r-b{i}"), format!("10.204.{}.1/24", 10 + i), 1600));
+            links.push((b, "b-r".into(), format!("{}/24", backend_ip(i)), 1600));
+        }
+        for (ns, ifname, cidr, mtu) in &links {
+            ns.sysctl(&format!("net.ipv4.conf.{ifname}.rp_filter"), "0")?;
+            // Real wires carry MTU-sized frames, not TSO/GRO super-frames (DESIGN.md §6).
+            ns.offloads_off(ifname)?;
+            ns.ip(&["link", "set", "dev", ifname, "mtu", &mtu.to_string()])?;
+            ns.addr(ifname, cidr)?;
+        }
+        attach_xdp(&router, "r-lb", &pass)?;
+        router.sysctl("net.ipv4.ip_forward", "1")?;
+        router.route(&format!("{VIP}/32"), &LB_IP.to_string())?;
+        client.route("default", "10.204.1.2")?;
+        lb.route("default", "10.204.2.1")?;
+        // The kernel's fallback route for encapsulated packets leaves by the interface they came
+        // in on: no redirects for that.
+        lb.sysctl("net.ipv4.ip_forward", "1")?;
+        lb.sysctl("net.ipv4.conf.all.send_redirects", "0")?;
+        lb.sysctl(&format!("net.ipv4.conf.{LB_IF}.send_redirects"), "0")?;
+        for (i, b) in backends.iter().enumerate() {
+            b.addr("lo", &format!("{VIP}/32"))?;
+            b.route("default", &format!("10.204.{}.1", 10 + i))?;
+            attach_xdp(b, "b-r", &decap)?;
+        }
+        Ok(Balanced { client, router, lb, backends })
+    }
+}
+
+/// pirated's `[lb]` section for the testbed: the VIP, every backend a real, `extra` lines after.
+pub fn lb_config(backends: usize, extra: &str) -> String {
+    let reals: Vec<String> = (0..backends).map(|i| format!("\"{}\"", backend_ip(i))).collect();
+    format!(
+        "[lb]\nvips = [{{ address = \"{VIP}:{VIP_PORT}\", proto = \"tcp\", reals = [{}] }}]\ntunnel_source = \"{LB_IP}\"\n{extra}",
+        reals.join(", ")
+    )
+}
+
+fn attach_xdp(ns: &Netns, ifname: &str, object: &Path) -> Result<()> {
+    ns.ip(&["link", "set", "dev", ifname, "xdpdrv", "obj", object.to_str().context("path")?, "sec", "xdp"]).map(drop)
+}
+
+/// Compiles this crate's `bpf/<name>.c` into `out_dir/<name>.o` (clang, as Katran's balancer is
+/// built).
+fn build_xdp(out_dir: &Path, name: &str) -> Result<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("bpf/{name}.c"));
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let object = out_dir.join(format!("{name}.o"));
+    let mut cmd = Command::new("clang-22");
+    cmd.args(["-O2", "-target", "bpf"]);
+    let multiarch = Path::new("/usr/include").join(format!("{}-linux-gnu", std::env::consts::ARCH));
+    if multiarch.is_dir() {
+        cmd.arg("-idirafter").arg(&multiarch);
+    }
+    cmd.arg("-c").arg(&source).arg("-o").arg(&object);
+    crate::katran::run(&mut cmd, &format!("compiling {}", source.display()))?;
+    Ok(object)
+}

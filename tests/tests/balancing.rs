@@ -1,0 +1,116 @@
+//! The built-in forwarder `pirate_lb` behind pirated's chain on the load-balancing testbed
+//! (`pirate_tests::balancing`): real clients reach a VIP, real servers behind it answer
+//! directly, and the backends' own connection counts are the truth.
+
+use std::{path::PathBuf, thread, time::Duration};
+
+use anyhow::{ensure, Result};
+use pirate_tests::{
+    balancing::{self, Balanced},
+    clients, servers,
+    testbed::{metric, Pirated},
+};
+
+const BACKENDS: usize = 4;
+
+fn build_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("pirate-balancing-{}", std::process::id()))
+}
+
+/// Each backend answers HTTP on the VIP's port after `service` per request.
+fn serve(tb: &Balanced, service: &[Duration]) -> Result<()> {
+    for (b, &d) in tb.backends.iter().zip(service) {
+        servers::think_time_http(b, balancing::VIP_PORT, &[(d, 1.0)], 7)?;
+    }
+    Ok(())
+}
+
+fn passive_opens(tb: &Balanced) -> Result<Vec<u64>> {
+    tb.backends.iter().map(|b| b.tcp_passive_opens()).collect()
+}
+
+/// Static Maglev at equal weights: every new connection reaches a backend (the backends count
+/// them), each real's share is about a quarter, pirated's per-real connection counters match
+/// the backends' own counts exactly, and traffic to anything but the VIP passes untouched.
+#[test]
+fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
+    let tb = Balanced::new(BACKENDS, &build_dir())?;
+    serve(&tb, &[Duration::from_millis(1); BACKENDS])?;
+    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, "adaptive = false\n"));
+    let pirated = Pirated::start(&tb.lb, balancing::LB_IF, &config)?;
+    let before = passive_opens(&tb)?;
+    let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(4))?;
+    let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("{} connections; the backends accepted {opened:?}", connects.len());
+    ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
+    // A quarter each: binomial σ ≈ 8.7 at 400 connections; 5 σ either side.
+    let quarter = connects.len() as f64 / 4.0;
+    for (i, n) in opened.iter().enumerate() {
+        ensure!((*n as f64 - quarter).abs() < 45.0, "backend {i} took {n} of {}", connects.len());
+    }
+    // Anything else to the balancer's interface passes: its own address answers pings.
+    tb.client.run(&["ping", "-c", "3", "-i", "0.2", "-W", "1", &balancing::LB_IP.to_string()])?;
+    thread::sleep(Duration::from_millis(1200));
+    let page = tb.lb.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    for (i, n) in opened.iter().enumerate() {
+        let label = format!(
+            "pirated_lb_real_connections_total{{vip=\"{}:{}/tcp\",real=\"{}\"}}",
+            balancing::VIP,
+            balancing::VIP_PORT,
+            balancing::backend_ip(i)
+        );
+        ensure!(metric(&page, &label) == *n as f64, "{label} is not the {n} backend {i} accepted");
+    }
+    ensure!(metric(&page, "pirated_lb_packets_total{outcome=\"unforwarded\"}") == 0.0);
+    Ok(())
+}
+
+/// The controller at work: backend 0 answers in 20 ms, the others in 1 ms. Keep-alive
+/// connections reach every backend (opened until each has two); from their gaps Pirate measures
+/// each real's latency, the controller moves weight off backend 0, and new connections then
+/// mostly avoid it, while not one request of the established connections fails (the connection
+/// table keeps each on its real while the rings change under it).
+#[test]
+fn weight_leaves_a_slow_real_and_no_connection_breaks() -> Result<()> {
+    let tb = Balanced::new(BACKENDS, &build_dir())?;
+    let mut service = [Duration::from_millis(1); BACKENDS];
+    service[0] = Duration::from_millis(20);
+    serve(&tb, &service)?;
+    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, ""));
+    let pirated = Pirated::start(&tb.lb, balancing::LB_IF, &config)?;
+    let run = Duration::from_secs(8);
+    let start = passive_opens(&tb)?;
+    let mut held = Vec::new();
+    loop {
+        let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&start).map(|(a, b)| a - b).collect();
+        if opened.iter().all(|&n| n >= 2) {
+            eprintln!("keep-alive connections per backend: {opened:?}");
+            break;
+        }
+        ensure!(held.len() < 64, "64 connections and still a backend with fewer than two: {opened:?}");
+        held.push(clients::http_keepalive(&tb.client, balancing::vip(), run)?);
+    }
+    let real0 = balancing::backend_ip(0).to_string();
+    let moved = pirated.wait_for(Duration::from_secs(5), |v| {
+        v["type"] == "real" && v["real"] == real0 && v["weight"].as_f64() < Some(0.5)
+    })?;
+    eprintln!("backend 0 after the move: {moved}");
+    let before = passive_opens(&tb)?;
+    let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(2))?;
+    let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("{} new connections after the move went to {opened:?}", connects.len());
+    ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
+    ensure!(
+        (opened[0] as f64) < connects.len() as f64 / 8.0,
+        "backend 0 still took {} of {}",
+        opened[0],
+        connects.len()
+    );
+    let mut requests = 0;
+    for (i, h) in held.into_iter().enumerate() {
+        let latencies = h.join().map_err(|_| anyhow::anyhow!("a client panicked"))?;
+        requests += latencies.map_err(|e| e.context(format!("keep-alive connection {i}")))?.len();
+    }
+    eprintln!("{requests} requests on the keep-alive connections, none failed");
+    Ok(())
+}

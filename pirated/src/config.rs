@@ -37,6 +37,8 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct LbConfig {
     pub vips: Vec<VipSpec>,
+    pub forwarder: Forwarder,
+    pub katran_maps: String,
     pub position: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tunnel_source: Option<Ipv4Addr>,
@@ -75,6 +77,16 @@ impl Proto {
             Proto::Udp => pirate_common::parse::IPPROTO_UDP,
         }
     }
+}
+
+/// Which balancer forwards the VIPs' packets.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Forwarder {
+    /// `pirate_lb`, registered by pirated.
+    Builtin,
+    /// Katran's balancer, whose pinned maps pirated writes; it registers itself.
+    Katran,
 }
 
 /// How the forwarder's encapsulated packets leave.
@@ -209,6 +221,8 @@ impl Default for LbConfig {
     fn default() -> Self {
         LbConfig {
             vips: Vec::new(),
+            forwarder: Forwarder::Builtin,
+            katran_maps: String::new(),
             position: 2,
             tunnel_source: None,
             egress: Egress::Xdp,
@@ -599,7 +613,27 @@ impl LbConfig {
                 format!("lb.max_connections = {}: must be 1..=16777216", self.max_connections),
             );
         }
-        if self.enabled() && self.tunnel_source.is_none() {
+        if self.forwarder == Forwarder::Katran {
+            if !self.katran_maps.starts_with('/') {
+                return refuse(
+                    &["lb.katran_maps", "lb.forwarder"],
+                    format!(
+                        "lb.katran_maps = {:?}: forwarder \"katran\" needs the absolute path of the directory Katran's maps are pinned in",
+                        self.katran_maps
+                    ),
+                );
+            }
+            if self.ring_size != crate::lb::katran::RING_SIZE {
+                return refuse(
+                    &["lb.ring_size", "lb.forwarder"],
+                    format!(
+                        "lb.ring_size = {}: Katran's rings have {} positions (its RING_SIZE)",
+                        self.ring_size,
+                        crate::lb::katran::RING_SIZE
+                    ),
+                );
+            }
+        } else if self.enabled() && self.tunnel_source.is_none() {
             return refuse(
                 &["lb.tunnel_source", "lb.vips"],
                 "lb.tunnel_source is not set: the forwarder needs the outer source address of the packets it \
@@ -845,6 +879,28 @@ mod tests {
         // Not in the file: the default is at fault, and no line is named.
         let e = format!("{:#}", Config { max_flows: 0, ..Config::default() }.validate().unwrap_err());
         assert!(e.starts_with("max_flows = 0"), "{e}");
+    }
+
+    /// The balancer's settings are checked as `run` needs them, each error at its key's line.
+    #[test]
+    fn lb_errors_name_their_key() {
+        let err = |text: &str| format!("{:#}", Config::parse(text).unwrap_err());
+        let vip = "vips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\", \"10.1.0.2\"] }]\n";
+        let e = err(&format!("[lb]\n{vip}"));
+        assert!(e.starts_with("line 2: lb.tunnel_source is not set"), "{e}");
+        let ok = format!("[lb]\n{vip}tunnel_source = \"10.1.0.254\"\n");
+        let lb = Config::parse(&ok).unwrap().lb;
+        assert!(lb.enabled() && lb.vips[0].proto == Proto::Tcp && lb.shape().tunnel_source == [10, 1, 0, 254]);
+        assert!(err(&format!("{ok}ring_size = 65536\n")).starts_with("line 4: lb.ring_size = 65536"));
+        assert!(err(&format!("{ok}position = 3\n")).starts_with("line 4: lb.position = 3"));
+        let e = err(&format!("{ok}forwarder = \"katran\"\n"));
+        assert!(e.starts_with("line 4: lb.katran_maps = \"\"") && e.contains("katran"), "{e}");
+        let e = err(&format!("{ok}forwarder = \"katran\"\nkatran_maps = \"/k\"\nring_size = 65521\n"));
+        assert!(e.starts_with("line 6: lb.ring_size = 65521: Katran's rings"), "{e}");
+        let e = err(&format!("{ok}[lb.control]\nalpha_low = 2.0\n"));
+        assert!(e.starts_with("line 5: lb.control.alpha_low = 2"), "{e}");
+        let twice = "[lb]\ntunnel_source = \"10.1.0.254\"\nvips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\"] }, { address = \"10.0.0.1:80\", reals = [\"10.1.0.2\"] }]\n";
+        assert!(err(twice).contains("lb.vips[1] repeats lb.vips[0]"));
     }
 
     #[test]

@@ -22,7 +22,10 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::netns::{require_root, veth, Netns};
+use crate::{
+    netns::{require_root, veth, Netns},
+    testbed::Pirated,
+};
 
 pub const CLIENT_IP: &str = "10.204.1.1";
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 204, 100, 1);
@@ -99,6 +102,16 @@ impl Balanced {
             attach_xdp(b, "b-r", &decap)?;
         }
         Ok(Balanced { client, router, lb, backends })
+    }
+}
+
+impl Balanced {
+    /// pirated on [`LB_IF`] with `config`, once it has balanced an epoch: its VIPs, reals and
+    /// rings are in place then (they are written after it attaches).
+    pub fn pirated(&self, config: &str) -> Result<Pirated> {
+        let pirated = Pirated::start(&self.lb, LB_IF, config)?;
+        pirated.wait_for(std::time::Duration::from_secs(10), |v| v["type"] == "real")?;
+        Ok(pirated)
     }
 }
 

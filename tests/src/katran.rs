@@ -215,6 +215,11 @@ impl Katran {
         Ok(())
     }
 
+    /// The directory its program and maps are pinned in (by their names in `balancer_maps.h`).
+    pub fn pin_dir(&self) -> &Path {
+        &self.pins.0
+    }
+
     /// Opens one of Katran's pinned maps by its name in `balancer_maps.h`/`control_data_maps.h`.
     fn map(&self, name: &str) -> Result<OwnedFd> {
         let pin = self.pins.0.join(name);
@@ -240,7 +245,7 @@ impl Katran {
         let mut meta = [0u8; 8];
         meta[0..4].copy_from_slice(&flags.to_ne_bytes());
         meta[4..8].copy_from_slice(&vip_num.to_ne_bytes());
-        self.update("vip_map", &vip_key(vip, proto), &meta)
+        self.update("vip_map", &pirated::lb::katran::vip_definition(vip, proto), &meta)
     }
 
     /// Sets real `id` in `reals` to IPv4 address `addr`: the outer destination of packets the ring
@@ -430,18 +435,6 @@ fn remove_stale_pin_dirs() {
             let _ = fs::remove_dir_all(entry.path());
         }
     }
-}
-
-/// The key of `vip_map`: struct vip_definition { union { __be32 vip; __be32 vipv6[4]; };
-/// __u16 port; __u8 proto; }, 20 bytes. The address fills the first 4 of 16 bytes in network order;
-/// `port` holds the port in network byte order (Katran copies `tcphdr.dest` into it unchanged);
-/// `proto` at 18; one byte of padding, zero (the kernel hashes the key's raw bytes).
-fn vip_key(vip: SocketAddrV4, proto: u8) -> [u8; 20] {
-    let mut key = [0u8; 20];
-    key[0..4].copy_from_slice(&vip.ip().octets());
-    key[16..18].copy_from_slice(&vip.port().to_be_bytes());
-    key[18] = proto;
-    key
 }
 
 /// Opens the prog array pinned at `pin`, checking it is a prog array with a slot `slot`.

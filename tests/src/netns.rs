@@ -290,6 +290,13 @@ fn run_checked(cmd: &mut Command) -> Result<String> {
 }
 
 impl Netns {
+    /// The interface's MAC address as bytes.
+    pub fn mac_octets(&self, ifname: &str) -> Result<[u8; 6]> {
+        let mac = self.mac(ifname)?;
+        let bytes: Vec<u8> = mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
+        bytes.try_into().map_err(|b| anyhow::anyhow!("not a MAC address: {b:?}"))
+    }
+
     /// TCP connections accepted in the namespace so far (`PassiveOpens` of /proc/net/snmp, which
     /// is per namespace): the server side's own count of the connections that reached it.
     pub fn tcp_passive_opens(&self) -> Result<u64> {

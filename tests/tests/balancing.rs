@@ -7,7 +7,9 @@ use std::{path::PathBuf, thread, time::Duration};
 use anyhow::{ensure, Result};
 use pirate_tests::{
     balancing::{self, Balanced},
-    clients, servers,
+    clients,
+    katran::{build_balancer, counter, Katran},
+    servers,
     testbed::{metric, Pirated},
 };
 
@@ -37,7 +39,7 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
     let tb = Balanced::new(BACKENDS, &build_dir())?;
     serve(&tb, &[Duration::from_millis(1); BACKENDS])?;
     let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, "adaptive = false\n"));
-    let pirated = Pirated::start(&tb.lb, balancing::LB_IF, &config)?;
+    let pirated = tb.pirated(&config)?;
     let before = passive_opens(&tb)?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(4))?;
     let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
@@ -65,7 +67,7 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
     Ok(())
 }
 
-/// The controller at work: backend 0 answers in 20 ms, the others in 1 ms. Keep-alive
+/// The controller at work with `pirate_lb`: backend 0 answers in 20 ms, the others in 1 ms. Keep-alive
 /// connections reach every backend (opened until each has two); from their gaps Pirate measures
 /// each real's latency, the controller moves weight off backend 0, and new connections then
 /// mostly avoid it, while not one request of the established connections fails (the connection
@@ -73,16 +75,50 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
 #[test]
 fn weight_leaves_a_slow_real_and_no_connection_breaks() -> Result<()> {
     let tb = Balanced::new(BACKENDS, &build_dir())?;
+    serve(&tb, &slow_first())?;
+    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, ""));
+    let pirated = tb.pirated(&config)?;
+    slow_real_loses_new_connections(&tb, &pirated)
+}
+
+/// The same with Katran's own balancer forwarding: built from its sources, registered at its
+/// default position in pirated's `FORWARD`, its VIP, reals and rings written by pirated. Katran
+/// sends the encapsulated packets back out to the router (XDP_TX, to its default router's MAC).
+#[test]
+fn katran_forwards_as_pirated_weighs() -> Result<()> {
+    let tb = Balanced::new(BACKENDS, &build_dir())?;
+    serve(&tb, &slow_first())?;
+    let katran = Katran::load(&build_balancer(&build_dir().join("katran"))?)?;
+    katran.set_default_router_mac(tb.router.mac_octets("r-lb")?)?;
+    // pirated runs under `ip netns exec`, in a mount namespace of its own: the pins by our root.
+    let maps = format!("/proc/{}/root{}", std::process::id(), katran.pin_dir().display());
+    let extra = format!("forwarder = \"katran\"\nkatran_maps = \"{maps}\"\n");
+    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, &extra));
+    let pirated = tb.pirated(&config)?;
+    let forward = PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), tb.lb.name()));
+    katran.register(&forward, 2)?;
+    slow_real_loses_new_connections(&tb, &pirated)?;
+    let (tx, _) = katran.counter(counter::XDP_TX)?;
+    eprintln!("Katran sent {tx} packets; {}", katran.counters_summary());
+    Ok(())
+}
+
+/// Backend 0 answers in 20 ms, the others in 1 ms.
+fn slow_first() -> [Duration; BACKENDS] {
     let mut service = [Duration::from_millis(1); BACKENDS];
     service[0] = Duration::from_millis(20);
-    serve(&tb, &service)?;
-    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, ""));
-    let pirated = Pirated::start(&tb.lb, balancing::LB_IF, &config)?;
+    service
+}
+
+/// Keep-alive connections until every backend has two; the slow backend 0's weight falls below
+/// a half; new connections then reach it less than an eighth of the time; not one request of
+/// the keep-alive connections fails.
+fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<()> {
     let run = Duration::from_secs(8);
-    let start = passive_opens(&tb)?;
+    let start = passive_opens(tb)?;
     let mut held = Vec::new();
     loop {
-        let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&start).map(|(a, b)| a - b).collect();
+        let opened: Vec<u64> = passive_opens(tb)?.iter().zip(&start).map(|(a, b)| a - b).collect();
         if opened.iter().all(|&n| n >= 2) {
             eprintln!("keep-alive connections per backend: {opened:?}");
             break;
@@ -95,9 +131,9 @@ fn weight_leaves_a_slow_real_and_no_connection_breaks() -> Result<()> {
         v["type"] == "real" && v["real"] == real0 && v["weight"].as_f64() < Some(0.5)
     })?;
     eprintln!("backend 0 after the move: {moved}");
-    let before = passive_opens(&tb)?;
+    let before = passive_opens(tb)?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(2))?;
-    let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let opened: Vec<u64> = passive_opens(tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
     eprintln!("{} new connections after the move went to {opened:?}", connects.len());
     ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
     ensure!(

@@ -240,11 +240,6 @@ fn ipip_syn(sock: BorrowedFd<'_>, real: Ipv4Addr, vip: SocketAddrV4, timeout: Du
     bail!("no IPIP frame to {real} carrying a SYN to {vip} within {timeout:?}")
 }
 
-fn mac_bytes(mac: &str) -> Result<[u8; 6]> {
-    let bytes: Vec<u8> = mac.split(':').map(|h| u8::from_str_radix(h, 16)).collect::<Result<_, _>>()?;
-    bytes.try_into().map_err(|b| anyhow::anyhow!("not a MAC address: {b:?}"))
-}
-
 /// Katran's balancer registered at its default position in pirated's pinned `FORWARD` takes the
 /// client's SYN after `pirate` measured it and sends it back out IPIP-encapsulated to the real
 /// (XDP_TX, so it arrives at the client's end of the link); with the slot empty, the same
@@ -258,7 +253,7 @@ fn katran_in_a_forward_slot_forwards_and_an_empty_slot_passes() -> Result<()> {
     // XDP_TX on a veth needs NAPI on the peer, which the testbed's offload settings turn off).
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "epoch = \"200ms\"\nattach_mode = \"generic\"\n")?;
     let katran = Katran::load(&build_balancer(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("katran"))?)?;
-    katran.set_default_router_mac(mac_bytes(&tb.client.mac("c-vp")?)?)?;
+    katran.set_default_router_mac(tb.client.mac_octets("c-vp")?)?;
     katran.add_vip(vip, libc::IPPROTO_TCP as u8, 0, 0)?;
     katran.set_real(1, REAL)?;
     katran.fill_ring(0, &[1])?;

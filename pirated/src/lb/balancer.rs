@@ -4,20 +4,25 @@
 //! forwarder's connection table), steps each VIP's controller and rewrites a ring whose weights
 //! moved.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+};
 
 use pirate_common::{
-    key::FlowId,
+    key::{FlowId, FlowKey},
     lb::{RealCounters, VipKey},
 };
 use serde::Serialize;
 
 use super::{
     controller::{Control, Controller, RealStats},
+    katran::{self, Katran},
     maglev::Ring,
 };
 use crate::{
-    config::{LbConfig, Proto},
+    config::{Forwarder as Kind, LbConfig, Proto},
     datapath::Datapath,
     pirate::report::EpochReport,
 };
@@ -30,7 +35,20 @@ pub struct Balancer {
     control: Control,
     adaptive: bool,
     position: u32,
+    forwarder: Forwarder,
 }
+
+/// Where the rings go, and how a flow's real is known.
+enum Forwarder {
+    /// `pirate_lb`, in the datapath: its connection table says.
+    Builtin,
+    /// Katran's balancer, by its pinned maps: the real its ring gave the flow when pirated first
+    /// saw it, with the epoch the flow was last seen.
+    Katran { maps: Box<Katran>, seen: HashMap<FlowKey, (u32, u32)> },
+}
+
+/// Epochs a flow Katran carries is remembered without packets.
+const FORGET_AFTER: u32 = 64;
 
 /// One VIP and its reals.
 struct Pool {
@@ -125,56 +143,120 @@ impl Balancer {
             });
             first += n as u32;
         }
-        Ok(Balancer { pools, control: config.control.clone(), adaptive: config.adaptive, position: config.position })
+        let forwarder = match config.forwarder {
+            Kind::Builtin => Forwarder::Builtin,
+            Kind::Katran => Forwarder::Katran {
+                maps: Box::new(Katran::open(Path::new(&config.katran_maps))?),
+                seen: HashMap::new(),
+            },
+        };
+        Ok(Balancer {
+            pools,
+            control: config.control.clone(),
+            adaptive: config.adaptive,
+            position: config.position,
+            forwarder,
+        })
     }
 
-    /// Installs the VIPs, reals and rings, then registers `pirate_lb` in its forwarder slot:
-    /// from then on packets to the VIPs are forwarded.
-    pub fn start(&self, dp: &mut Datapath, shape: pirate_common::lb::LbShape) -> anyhow::Result<()> {
+    /// Installs the VIPs, reals and rings; the built-in forwarder is then registered in its
+    /// slot, from when on packets to the VIPs are forwarded (Katran registers itself).
+    pub fn start(&mut self, dp: &mut Datapath, shape: pirate_common::lb::LbShape) -> anyhow::Result<()> {
         let reals: Vec<(u32, Ipv4Addr)> =
             self.pools.iter().flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r))).collect();
-        let vips: Vec<(VipKey, u32)> = self.pools.iter().enumerate().map(|(v, p)| (p.key(), v as u32)).collect();
-        dp.install_lb(shape, &reals, &vips)?;
-        for (v, pool) in self.pools.iter().enumerate() {
-            dp.write_ring(v as u32, &pool.ring_of_indices())?;
+        match &mut self.forwarder {
+            Forwarder::Builtin => {
+                let vips: Vec<(VipKey, u32)> =
+                    self.pools.iter().enumerate().map(|(v, p)| (p.key(), v as u32)).collect();
+                dp.install_lb(shape, &reals, &vips)?;
+                for (v, pool) in self.pools.iter().enumerate() {
+                    dp.write_ring(v as u32, &pool.ring_of_indices())?;
+                }
+                dp.register_forwarder(self.position)
+            }
+            Forwarder::Katran { maps, .. } => {
+                for &(id, addr) in &reals {
+                    maps.set_real(id, addr)?;
+                }
+                for (v, pool) in self.pools.iter().enumerate() {
+                    maps.write_ring(v as u32, None, &pool.ring_of_indices())?;
+                    maps.add_vip(pool.address, pool.proto.number(), v as u32)?;
+                }
+                Ok(())
+            }
         }
-        dp.register_forwarder(self.position)
+    }
+
+    /// The datapath index of the real flow `key` (to VIP `v`) is held on, if known.
+    fn real_of(&mut self, dp: &Datapath, v: usize, key: &FlowKey, epoch: u32) -> anyhow::Result<Option<u32>> {
+        match &mut self.forwarder {
+            Forwarder::Builtin => dp.connection(&FlowId::of(key)),
+            Forwarder::Katran { seen, .. } => {
+                let pool = &self.pools[v];
+                let src = Ipv4Addr::new(key.src[0], key.src[1], key.src[2], key.src[3]);
+                let entry = seen.entry(*key).or_insert_with(|| {
+                    let position = katran::position(src, key.sport, key.dport);
+                    (pool.first + pool.ring.entries()[position as usize], epoch)
+                });
+                entry.1 = epoch;
+                Ok(Some(entry.0))
+            }
+        }
+    }
+
+    fn write_ring(&mut self, dp: &mut Datapath, v: usize, old: &[u32]) -> anyhow::Result<()> {
+        let ring = self.pools[v].ring_of_indices();
+        match &mut self.forwarder {
+            Forwarder::Builtin => dp.write_ring(v as u32, &ring),
+            Forwarder::Katran { maps, .. } => maps.write_ring(v as u32, Some(old), &ring),
+        }
+    }
+
+    fn real_counters(&self, dp: &Datapath, index: u32) -> anyhow::Result<RealCounters> {
+        match &self.forwarder {
+            Forwarder::Builtin => dp.real_counters(index),
+            Forwarder::Katran { maps, .. } => maps.real_counters(index),
+        }
     }
 
     /// One epoch: each real's latency and freshness from the flows `report` estimated, a step
     /// of each VIP's controller (if adaptive), its ring rewritten if the weights moved.
     pub fn step(&mut self, dp: &mut Datapath, report: &EpochReport) -> anyhow::Result<LbEpoch> {
         let mut out = LbEpoch::default();
-        for (v, pool) in self.pools.iter_mut().enumerate() {
-            let key = pool.key();
+        for v in 0..self.pools.len() {
+            let key = self.pools[v].key();
             let mut flows = Vec::new();
             for (flow, est) in report.flows.iter().zip(&report.estimates) {
                 if VipKey::of(&flow.key) != Some(key) {
                     continue;
                 }
-                let Some(index) = dp.connection(&FlowId::of(&flow.key))? else { continue };
+                let Some(index) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
+                let pool = &self.pools[v];
                 let Some(real) = index.checked_sub(pool.first).filter(|&r| (r as usize) < pool.reals.len()) else {
                     continue;
                 };
                 let figure = est.of(report.estimator).map(|e| (e.estimate_ns, e.batches));
                 flows.push((real as usize, figure));
             }
-            let stats = per_real(&flows, pool.reals.len());
-            let name = pool.name();
+            let stats = per_real(&flows, self.pools[v].reals.len());
+            let name = self.pools[v].name();
             if self.adaptive {
+                let pool = &mut self.pools[v];
                 let step = pool.controller.step(&self.control, &stats);
                 if step.moved > 0.0 || step.regressed {
                     let weights: Vec<u32> =
                         pool.controller.weights.iter().map(|w| (w * WEIGHT_SCALE).round().max(1.0) as u32).collect();
+                    let old = pool.ring_of_indices();
                     let moved = pool.ring.reweigh(&weights)?;
-                    dp.write_ring(v as u32, &pool.ring_of_indices())?;
+                    self.write_ring(dp, v, &old)?;
                     out.moves.push(Move { vip: name.clone(), weight: step.moved, entries: moved });
                 }
             }
+            let pool = &self.pools[v];
             let counts = pool.ring.counts();
             let size: u64 = counts.iter().sum();
             for (i, s) in stats.iter().enumerate() {
-                let RealCounters { packets, bytes, connections } = dp.real_counters(pool.first + i as u32)?;
+                let RealCounters { packets, bytes, connections } = self.real_counters(dp, pool.first + i as u32)?;
                 out.reals.push(RealEpoch {
                     vip: name.clone(),
                     real: pool.reals[i],
@@ -189,6 +271,9 @@ impl Balancer {
                     connections,
                 });
             }
+        }
+        if let Forwarder::Katran { seen, .. } = &mut self.forwarder {
+            seen.retain(|_, (_, last)| report.epoch.wrapping_sub(*last) < FORGET_AFTER);
         }
         Ok(out)
     }

@@ -3,5 +3,6 @@
 
 pub mod balancer;
 pub mod controller;
+pub mod katran;
 pub mod maglev;
 pub mod metrics;

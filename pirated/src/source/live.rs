@@ -34,7 +34,7 @@ impl Live {
         let epoch = dp.epoch();
         let balancer = match config.lb.enabled() {
             true => {
-                let balancer = Balancer::new(&config.lb)?;
+                let mut balancer = Balancer::new(&config.lb)?;
                 balancer.start(&mut dp, config.lb.shape())?;
                 Some(balancer)
             }

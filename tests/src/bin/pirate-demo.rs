@@ -4,17 +4,20 @@
 //! beside the latencies the clients measured themselves. Then the fridges: on a testbed whose
 //! vantage point mirrors both directions to a monitor port, short connections, DNS queries and
 //! pings answered 1–100 ms late, their delay quantiles beside the pairs in a capture at the
-//! client. Tears everything down on exit.
+//! client. Last, load balancing: pirated's forwarder spreads a VIP over four backends, one of
+//! them slow, and the weights move away from it as Pirate measures it. Tears everything down on
+//! exit.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use pirate_tests::{
+    balancing::{self, Balanced},
     capture::Capture,
-    clients::{dnsperf, redis_benchmark, short_connections, wrk, ClientLatency},
+    clients::{dnsperf, http_keepalive, redis_benchmark, short_connections, wrk, ClientLatency},
     linkem::LinkSpec,
     pairs::{quantile, Pairs},
-    servers::{nginx, redis, unbound},
+    servers::{nginx, redis, think_time_http, unbound},
     testbed::{batch_weighted_mean, By, Links, Of, OnePoint, Pirated, MONITOR_IF, SERVER_IP, VP_CLIENT_IF},
 };
 use serde_json::Value;
@@ -96,7 +99,47 @@ fn main() -> Result<()> {
     }
     println!("\nThe clients' figures come from the clients themselves (wrk's and redis-benchmark's own");
     println!("latency statistics); pirated saw only the client→server packets, at the vantage point.");
-    fridges()
+    fridges()?;
+    balancing()
+}
+
+/// Latency-aware balancing: 16 keep-alive clients on a VIP whose backend 0 answers in 20 ms and
+/// the others in 1 ms; each epoch's weights and measured latencies, and the requests' outcome.
+fn balancing() -> Result<()> {
+    const BACKENDS: usize = 4;
+    println!("\nrunning: 16 keep-alive HTTP clients for 4 s on a VIP that pirate_lb balances over 4 backends;");
+    println!("         backend 0 answers in 20 ms, the others in 1 ms …");
+    let tb = Balanced::new(BACKENDS, &std::env::temp_dir().join(format!("pirate-demo-{}", std::process::id())))?;
+    for (i, b) in tb.backends.iter().enumerate() {
+        let service = Duration::from_millis(if i == 0 { 20 } else { 1 });
+        think_time_http(b, balancing::VIP_PORT, &[(service, 1.0)], 7)?;
+    }
+    let mut pirated = tb.pirated(&format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, "")))?;
+    let held = (0..16)
+        .map(|_| http_keepalive(&tb.client, balancing::vip(), Duration::from_secs(4)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut requests = 0;
+    for h in held {
+        requests += h.join().expect("a client panicked")?.len();
+    }
+    let lines = pirated.stop()?;
+    let reals: Vec<String> = (0..BACKENDS).map(|i| balancing::backend_ip(i).to_string()).collect();
+    println!("\n{:>5}  {}", "epoch", reals.iter().map(|r| format!("{r:>24}")).collect::<String>());
+    let epochs: std::collections::BTreeSet<u64> =
+        lines.iter().filter(|v| v["type"] == "real").filter_map(|v| v["epoch"].as_u64()).collect();
+    for epoch in epochs.into_iter().take(10) {
+        let cell = |real: &str| {
+            let line = lines.iter().find(|v| v["type"] == "real" && v["epoch"] == epoch && v["real"] == real);
+            line.map_or("-".to_string(), |v| {
+                let latency = v["latency_s"].as_f64().map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
+                format!("weight {:.2}, {latency}", v["weight"].as_f64().unwrap_or(f64::NAN))
+            })
+        };
+        println!("{epoch:>5}  {}", reals.iter().map(|r| format!("{:>24}", cell(r))).collect::<String>());
+    }
+    println!("\n{requests} requests on connections established before the weights moved; none failed: the");
+    println!("forwarder's connection table keeps each on its backend, and only new connections follow the weights.");
+    Ok(())
 }
 
 /// Request→response delays: pirated's fridges (its default configuration) against the pairs

@@ -77,6 +77,14 @@ impl Proto {
             Proto::Udp => pirate_common::parse::IPPROTO_UDP,
         }
     }
+
+    /// As the configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
 }
 
 /// Which balancer forwards the VIPs' packets.

@@ -17,7 +17,6 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use anyhow::{Context, Result};
@@ -134,12 +133,7 @@ fn build_xdp(out_dir: &Path, name: &str) -> Result<PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("bpf/{name}.c"));
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let object = out_dir.join(format!("{name}.o"));
-    let mut cmd = Command::new("clang-22");
-    cmd.args(["-O2", "-target", "bpf"]);
-    let multiarch = Path::new("/usr/include").join(format!("{}-linux-gnu", std::env::consts::ARCH));
-    if multiarch.is_dir() {
-        cmd.arg("-idirafter").arg(&multiarch);
-    }
+    let mut cmd = crate::katran::clang_bpf();
     cmd.arg("-c").arg(&source).arg("-o").arg(&object);
     crate::katran::run(&mut cmd, &format!("compiling {}", source.display()))?;
     Ok(object)

@@ -122,12 +122,8 @@ pub fn build_balancer(out_dir: &Path) -> Result<PathBuf> {
     let object = out_dir.join("balancer.o");
     let tmp = out_dir.join(format!("balancer.o.{}.{}.tmp", std::process::id(), next_seq()));
 
-    let mut cmd = Command::new("clang-22");
-    cmd.current_dir(&katran).args(["-O2", "-g", "-target", "bpf", "-I."]);
-    let multiarch = Path::new("/usr/include").join(format!("{}-linux-gnu", std::env::consts::ARCH));
-    if multiarch.is_dir() {
-        cmd.arg("-idirafter").arg(&multiarch);
-    }
+    let mut cmd = clang_bpf();
+    cmd.current_dir(&katran).args(["-g", "-I."]);
     cmd.arg("-idirafter").arg(&shim).args(["-c", BALANCER_SRC, "-o"]).arg(&tmp);
     let result = run(&mut cmd, &format!("compiling Katran's balancer in {}", katran.display()));
     if let Err(e) = result {
@@ -136,6 +132,19 @@ pub fn build_balancer(out_dir: &Path) -> Result<PathBuf> {
     }
     fs::rename(&tmp, &object).with_context(|| format!("renaming {} to {}", tmp.display(), object.display()))?;
     Ok(object)
+}
+
+/// `clang-22 -O2 -target bpf`, with the multiarch include directory searched last (for
+/// `<asm/types.h>`, which a Debian host reaches through gcc-multilib's `/usr/include/asm`
+/// otherwise): what every BPF object this crate builds from C starts from.
+pub(crate) fn clang_bpf() -> Command {
+    let mut cmd = Command::new("clang-22");
+    cmd.args(["-O2", "-target", "bpf"]);
+    let multiarch = Path::new("/usr/include").join(format!("{}-linux-gnu", std::env::consts::ARCH));
+    if multiarch.is_dir() {
+        cmd.arg("-idirafter").arg(&multiarch);
+    }
+    cmd
 }
 
 /// Katran's balancer loaded from an object built by [`build_balancer`], its program and maps

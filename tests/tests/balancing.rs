@@ -31,6 +31,11 @@ fn passive_opens(tb: &Balanced) -> Result<Vec<u64>> {
     tb.backends.iter().map(|b| b.tcp_passive_opens()).collect()
 }
 
+/// Connections each backend accepted since it had accepted `before`.
+fn opened_since(tb: &Balanced, before: &[u64]) -> Result<Vec<u64>> {
+    Ok(passive_opens(tb)?.iter().zip(before).map(|(a, b)| a - b).collect())
+}
+
 /// Static Maglev at equal weights: every new connection reaches a backend (the backends count
 /// them), each real's share is about a quarter, pirated's per-real connection counters match
 /// the backends' own counts exactly, and traffic to anything but the VIP passes untouched.
@@ -42,7 +47,7 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
     let pirated = tb.pirated(&config)?;
     let before = passive_opens(&tb)?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(4))?;
-    let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let opened = opened_since(&tb, &before)?;
     eprintln!("{} connections; the backends accepted {opened:?}", connects.len());
     ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
     // A quarter each: binomial σ ≈ 8.7 at 400 connections; 5 σ either side.
@@ -118,7 +123,7 @@ fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<(
     let start = passive_opens(tb)?;
     let mut held = Vec::new();
     loop {
-        let opened: Vec<u64> = passive_opens(tb)?.iter().zip(&start).map(|(a, b)| a - b).collect();
+        let opened = opened_since(tb, &start)?;
         if opened.iter().all(|&n| n >= 2) {
             eprintln!("keep-alive connections per backend: {opened:?}");
             break;
@@ -133,7 +138,7 @@ fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<(
     eprintln!("backend 0 after the move: {moved}");
     let before = passive_opens(tb)?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(2))?;
-    let opened: Vec<u64> = passive_opens(tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let opened = opened_since(tb, &before)?;
     eprintln!("{} new connections after the move went to {opened:?}", connects.len());
     ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
     ensure!(

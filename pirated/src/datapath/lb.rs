@@ -4,8 +4,8 @@
 
 use std::{net::Ipv4Addr, os::fd::AsFd};
 
-use anyhow::{bail, Context};
-use aya::maps::{Array, HashMap, Map, ProgramArray};
+use anyhow::Context;
+use aya::maps::{Array, HashMap, ProgramArray};
 use pirate_common::{
     key::FlowId,
     lb::{ring_index, LbShape, RealCounters, VipKey},
@@ -62,9 +62,7 @@ impl Datapath {
 
     /// What the forwarder sent real `index`, over all CPUs.
     pub fn real_counters(&self, index: u32) -> anyhow::Result<RealCounters> {
-        let Map::PerCpuArray(map) = self.ebpf.map(maps::LB_COUNTERS).unwrap() else {
-            bail!("LB_COUNTERS is not a per-CPU array: pirated and its XDP object were built apart");
-        };
+        let map = super::per_cpu_array(&self.ebpf, maps::LB_COUNTERS)?;
         let per_cpu = percpu::values::<RealCounters>(map.fd().as_fd(), index, self.cpus)
             .with_context(|| format!("reading LB_COUNTERS[{index}]"))?;
         Ok(per_cpu.iter().fold(RealCounters::default(), |a, c| RealCounters {

@@ -168,13 +168,9 @@ impl Datapath {
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let fridge_program: &Xdp = ebpf.program(FRIDGE).unwrap().try_into()?;
         let fridge = fridge_program.fd()?.try_clone().context("duplicating the fridge program's descriptor")?;
-        let table =
-            FlowTable::map(table_map(ebpf.map(layout.flows_map()).unwrap())?).context("mapping the flow table")?;
+        let table = FlowTable::map(array(&ebpf, layout.flows_map())?).context("mapping the flow table")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
-        let rings = match ebpf.map(maps::LB_RINGS).unwrap() {
-            Map::Array(d) => mmap::Mapped::of(d).context("mapping LB_RINGS")?,
-            _ => bail!("LB_RINGS is not an array: pirated and its XDP object were built apart"),
-        };
+        let rings = mmap::Mapped::of(array(&ebpf, maps::LB_RINGS)?).context("mapping LB_RINGS")?;
         let mut dp = Datapath {
             ebpf,
             layout,
@@ -340,10 +336,7 @@ impl Datapath {
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
-        let Map::PerCpuArray(map) = self.ebpf.map(maps::COUNTERS).unwrap() else {
-            bail!("COUNTERS is not a per-CPU array: pirated and its XDP object were built apart");
-        };
-        let fd = map.fd().as_fd();
+        let fd = per_cpu_array(&self.ebpf, maps::COUNTERS)?.fd().as_fd();
         let mut out = [0u64; counters::COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = percpu::sum(fd, i as u32, self.cpus).context("reading COUNTERS")?;
@@ -353,8 +346,7 @@ impl Datapath {
 
     /// The kernel's memlock accounting of the flow table, in bytes.
     pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
-        let map = table_map(self.ebpf.map(self.layout.flows_map()).unwrap())?;
-        memlock_of_fd(map.fd().as_fd().as_raw_fd())
+        memlock_of_fd(array(&self.ebpf, self.layout.flows_map())?.fd().as_fd().as_raw_fd())
     }
 
     /// Size of `pirate`'s hand-over ring buffer, in bytes.
@@ -473,11 +465,19 @@ fn ring_size(flows: usize, layout: Layout) -> u32 {
         as u32
 }
 
-/// A flow table's map (an array of sets).
-fn table_map(map: &Map) -> anyhow::Result<&MapData> {
-    match map {
+/// Map `name` of the object (checked present at load), which must be an array.
+fn array<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a MapData> {
+    match ebpf.map(name).unwrap() {
         Map::Array(d) => Ok(d),
-        _ => bail!("the flow table is not an array: pirated and its XDP object were built apart"),
+        _ => bail!("{name} is not an array: pirated and its XDP object were built apart"),
+    }
+}
+
+/// Map `name` of the object, which must be a per-CPU array.
+fn per_cpu_array<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a MapData> {
+    match ebpf.map(name).unwrap() {
+        Map::PerCpuArray(d) => Ok(d),
+        _ => bail!("{name} is not a per-CPU array: pirated and its XDP object were built apart"),
     }
 }
 

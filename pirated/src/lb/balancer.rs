@@ -12,7 +12,7 @@ use std::{
 
 use pirate_common::{
     key::{FlowId, FlowKey},
-    lb::{RealCounters, VipKey},
+    lb::{LbShape, RealCounters, VipKey},
 };
 use serde::Serialize;
 
@@ -32,6 +32,9 @@ const WEIGHT_SCALE: f64 = 10_000.0;
 
 pub struct Balancer {
     pools: Vec<Pool>,
+    /// Each VIP's pool.
+    vips: HashMap<VipKey, usize>,
+    shape: LbShape,
     control: Control,
     adaptive: bool,
     position: u32,
@@ -150,8 +153,11 @@ impl Balancer {
                 seen: HashMap::new(),
             },
         };
+        let vips = pools.iter().enumerate().map(|(v, p)| (p.key(), v)).collect();
         Ok(Balancer {
             pools,
+            vips,
+            shape: config.shape(),
             control: config.control.clone(),
             adaptive: config.adaptive,
             position: config.position,
@@ -161,14 +167,13 @@ impl Balancer {
 
     /// Installs the VIPs, reals and rings; the built-in forwarder is then registered in its
     /// slot, from when on packets to the VIPs are forwarded (Katran registers itself).
-    pub fn start(&mut self, dp: &mut Datapath, shape: pirate_common::lb::LbShape) -> anyhow::Result<()> {
+    pub fn start(&mut self, dp: &mut Datapath) -> anyhow::Result<()> {
         let reals: Vec<(u32, Ipv4Addr)> =
             self.pools.iter().flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r))).collect();
         match &mut self.forwarder {
             Forwarder::Builtin => {
-                let vips: Vec<(VipKey, u32)> =
-                    self.pools.iter().enumerate().map(|(v, p)| (p.key(), v as u32)).collect();
-                dp.install_lb(shape, &reals, &vips)?;
+                let vips: Vec<(VipKey, u32)> = self.vips.iter().map(|(&k, &v)| (k, v as u32)).collect();
+                dp.install_lb(self.shape, &reals, &vips)?;
                 for (v, pool) in self.pools.iter().enumerate() {
                     dp.write_ring(v as u32, &pool.ring_of_indices())?;
                 }
@@ -223,22 +228,19 @@ impl Balancer {
     /// of each VIP's controller (if adaptive), its ring rewritten if the weights moved.
     pub fn step(&mut self, dp: &mut Datapath, report: &EpochReport) -> anyhow::Result<LbEpoch> {
         let mut out = LbEpoch::default();
-        for v in 0..self.pools.len() {
-            let key = self.pools[v].key();
-            let mut flows = Vec::new();
-            for (flow, est) in report.flows.iter().zip(&report.estimates) {
-                if VipKey::of(&flow.key) != Some(key) {
-                    continue;
-                }
-                let Some(index) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
-                let pool = &self.pools[v];
-                let Some(real) = index.checked_sub(pool.first).filter(|&r| (r as usize) < pool.reals.len()) else {
-                    continue;
-                };
-                let figure = est.of(report.estimator).map(|e| (e.estimate_ns, e.batches));
-                flows.push((real as usize, figure));
-            }
-            let stats = per_real(&flows, self.pools[v].reals.len());
+        // Each pool's flows, in one pass over the epoch's: (real, estimate and batches).
+        let mut flows: Vec<Vec<FlowFigure>> = vec![Vec::new(); self.pools.len()];
+        for (flow, est) in report.flows.iter().zip(&report.estimates) {
+            let Some(&v) = VipKey::of(&flow.key).and_then(|k| self.vips.get(&k)) else { continue };
+            let Some(index) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
+            let pool = &self.pools[v];
+            let Some(real) = index.checked_sub(pool.first).filter(|&r| (r as usize) < pool.reals.len()) else {
+                continue;
+            };
+            flows[v].push((real as usize, est.of(report.estimator).map(|e| (e.estimate_ns, e.batches))));
+        }
+        for (v, flows) in flows.iter().enumerate() {
+            let stats = per_real(flows, self.pools[v].reals.len());
             let name = self.pools[v].name();
             if self.adaptive {
                 let pool = &mut self.pools[v];
@@ -285,11 +287,7 @@ impl Pool {
     }
 
     fn name(&self) -> String {
-        let proto = match self.proto {
-            Proto::Tcp => "tcp",
-            Proto::Udp => "udp",
-        };
-        format!("{}/{proto}", self.address)
+        format!("{}/{}", self.address, self.proto.name())
     }
 
     /// The ring with the datapath's real indices in place of positions in `reals`.
@@ -298,10 +296,14 @@ impl Pool {
     }
 }
 
-/// Each real's figures from its flows of one epoch, `(real, Some((estimate ns, batches)))` or
-/// `None` for a flow without an estimate: the latency is the batch-weighted mean of the flows'
-/// estimates (a mean over requests), the requests their batches, the active flows all of them.
-pub fn per_real(flows: &[(usize, Option<(f64, u64)>)], reals: usize) -> Vec<RealStats> {
+/// A flow of one epoch: its real (the position in its pool) and its estimate (ns) and batches,
+/// `None` without an estimate.
+type FlowFigure = (usize, Option<(f64, u64)>);
+
+/// Each real's figures from its flows of one epoch: the latency is the batch-weighted mean of
+/// the flows' estimates (a mean over requests), the requests their batches, the active flows
+/// all of them.
+pub fn per_real(flows: &[FlowFigure], reals: usize) -> Vec<RealStats> {
     let mut sums = vec![(0.0, 0u64, 0u64); reals];
     for &(real, figure) in flows {
         let (weighted, batches, active) = &mut sums[real];

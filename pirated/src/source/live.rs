@@ -35,7 +35,7 @@ impl Live {
         let balancer = match config.lb.enabled() {
             true => {
                 let mut balancer = Balancer::new(&config.lb)?;
-                balancer.start(&mut dp, config.lb.shape())?;
+                balancer.start(&mut dp)?;
                 Some(balancer)
             }
             false => None,

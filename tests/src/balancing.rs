@@ -22,6 +22,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
+    katran::{build_balancer, Katran},
     netns::{require_root, veth, Netns},
     testbed::Pirated,
 };
@@ -111,6 +112,25 @@ impl Balanced {
         let pirated = Pirated::start(&self.lb, LB_IF, config)?;
         pirated.wait_for(std::time::Duration::from_secs(10), |v| v["type"] == "real")?;
         Ok(pirated)
+    }
+}
+
+impl Balanced {
+    /// Katran's balancer, built from its sources into `build_dir` and loaded, driven by pirated
+    /// (configuration `head`, then `[lb]` with `extra` lines) and registered at Katran's default
+    /// position in pirated's `FORWARD`. Katran sends the encapsulated packets back out to the
+    /// router (XDP_TX, to its default router's MAC).
+    pub fn pirated_with_katran(&self, build_dir: &Path, head: &str, extra: &str) -> Result<(Pirated, Katran)> {
+        let katran = Katran::load(&build_balancer(build_dir)?)?;
+        katran.set_default_router_mac(self.router.mac_octets("r-lb")?)?;
+        // pirated runs under `ip netns exec`, in a mount namespace of its own: the pins by our root.
+        let maps = format!("/proc/{}/root{}", std::process::id(), katran.pin_dir().display());
+        let extra = format!("forwarder = \"katran\"\nkatran_maps = \"{maps}\"\n{extra}");
+        let pirated = self.pirated(&format!("{head}{}", lb_config(self.backends.len(), &extra)))?;
+        let forward =
+            PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), self.lb.name()));
+        katran.register(&forward, 2)?;
+        Ok((pirated, katran))
     }
 }
 

@@ -122,22 +122,51 @@ pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result
 /// `duration`, each closed once established (by a thread of its own, so that slow handshakes
 /// overlap): the time each `connect` took, as its client saw it (SYN out → SYN/ACK in).
 pub fn short_connections(ns: &Netns, server: SocketAddr, rate: f64, duration: Duration) -> Result<Vec<Duration>> {
-    let run = move || -> Result<Vec<Duration>> {
+    poisson(ns, rate, duration, move || {
+        let began = Instant::now();
+        TcpStream::connect_timeout(&server, Duration::from_secs(3)).map(|_| began.elapsed()).context("connecting")
+    })?
+    .into_iter()
+    .collect()
+}
+
+/// One HTTP/1.1 request per connection to `server` from `ns`, at Poisson arrivals `rate` a
+/// second for `duration`: connect, GET with `Connection: close`, read the whole response. Each
+/// request's latency as its client saw it (connect → response read), or why it failed.
+pub fn http_per_connection(
+    ns: &Netns,
+    server: SocketAddr,
+    rate: f64,
+    duration: Duration,
+) -> Result<Vec<Result<Duration>>> {
+    poisson(ns, rate, duration, move || {
+        let began = Instant::now();
+        let mut conn = TcpStream::connect_timeout(&server, Duration::from_secs(3)).context("connecting")?;
+        conn.set_nodelay(true)?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        http_exchange(&mut conn, "close")?;
+        Ok(began.elapsed())
+    })
+}
+
+/// Runs `each` from `ns` at Poisson arrivals `rate` a second for `duration`, every call on a
+/// thread of its own so that slow ones overlap (an open loop: arrivals never wait for answers);
+/// the results in arrival order. The arrivals are the same in every run (a fixed seed).
+fn poisson<T, F>(ns: &Netns, rate: f64, duration: Duration, each: F) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn() -> T + Send + Sync + Clone + 'static,
+{
+    let run = move || -> Result<Vec<T>> {
         let (start, mut at, mut rng) = (Instant::now(), Duration::ZERO, SplitMix64::new(0x5eed));
         let mut handles = Vec::new();
         while at < duration {
             // Exponential gaps; 1 - u is in (0, 1], so the logarithm is finite.
             at += Duration::from_secs_f64(-(1.0 - rng.next_f64()).ln() / rate);
             std::thread::sleep((start + at).saturating_duration_since(Instant::now()));
-            handles.push(std::thread::spawn(move || {
-                let began = Instant::now();
-                TcpStream::connect_timeout(&server, Duration::from_secs(3)).map(|_| began.elapsed())
-            }));
+            handles.push(std::thread::spawn(each.clone()));
         }
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a connecting thread panicked"))?.context("connecting"))
-            .collect()
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))).collect()
     };
     ns.spawn_in(run)?.join().map_err(|_| anyhow::anyhow!("the client panicked"))?
 }

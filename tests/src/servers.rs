@@ -2,7 +2,7 @@
 //! in a temporary directory, stopped on drop.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Child,
     time::{Duration, Instant},
 };
@@ -67,6 +67,32 @@ pub fn nginx_h2(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
     start_nginx(ns, files, true)
 }
 
+/// [`nginx`] with a capacity that can change while it runs: at most so many requests a second
+/// are served, and those beyond wait in line (nginx's `limit_req`, delaying instead of
+/// refusing). Its latency so grows with the load it is offered, as a server's whose capacity
+/// is that does; without a capacity it is plain [`nginx`].
+pub struct Capped {
+    server: Server,
+}
+
+impl Capped {
+    pub fn start(ns: &Netns, files: &[(&str, usize)]) -> Result<Capped> {
+        Ok(Capped { server: start_nginx(ns, files, false)? })
+    }
+
+    /// Serves at most `per_second` requests a second from now on (`None`: no limit). nginx
+    /// reloads its configuration: requests waiting finish in the old worker, new ones queue in
+    /// the new one, both in the one shared count.
+    pub fn set_capacity(&self, per_second: Option<u32>) -> Result<()> {
+        write_nginx_conf(&self.server.dir, false, per_second)?;
+        // SAFETY: signalling our own child, nginx's master process, which reloads on SIGHUP.
+        if unsafe { libc::kill(self.server.child.id() as i32, libc::SIGHUP) } != 0 {
+            bail!("signalling nginx: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 fn start_nginx(ns: &Netns, files: &[(&str, usize)], http2: bool) -> Result<Server> {
     let dir = scratch(ns, "nginx")?;
     let root = dir.join("www");
@@ -74,20 +100,7 @@ fn start_nginx(ns: &Netns, files: &[(&str, usize)], http2: bool) -> Result<Serve
     for (name, size) in files {
         std::fs::write(root.join(name), vec![b'x'; *size])?;
     }
-    let conf = dir.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "worker_processes 1;\nerror_log stderr error;\npid {pid};\nevents {{ worker_connections 1024; }}\n\
-             http {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 300s;\n\
-             client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n\
-             server {{ listen 80{h2}; listen [::]:80{h2}; root {root}; }}\n}}\n",
-            pid = dir.join("nginx.pid").display(),
-            tmp = dir.display(),
-            root = root.display(),
-            h2 = if http2 { " http2" } else { "" },
-        ),
-    )?;
+    let conf = write_nginx_conf(&dir, http2, None)?;
     let child = ns
         .command(&["nginx", "-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap(), "-g", "daemon off;"])
         .spawn()
@@ -95,6 +108,32 @@ fn start_nginx(ns: &Netns, files: &[(&str, usize)], http2: bool) -> Result<Serve
     let server = Server { child, dir };
     wait_listening(ns, 80)?;
     Ok(server)
+}
+
+/// Writes `dir/nginx.conf`, serving `dir/www`, at most `capacity` requests a second if given.
+fn write_nginx_conf(dir: &Path, http2: bool, capacity: Option<u32>) -> Result<PathBuf> {
+    let conf = dir.join("nginx.conf");
+    // The zone (its count of requests) is declared either way, so that it outlives reloads.
+    let (rate, limit) = match capacity {
+        Some(r) => (r.max(1), "limit_req zone=capacity burst=1000000;"),
+        None => (1, ""),
+    };
+    std::fs::write(
+        &conf,
+        format!(
+            "worker_processes 1;\nerror_log stderr error;\npid {pid};\nevents {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 300s;\n\
+             client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n\
+             limit_req_zone $server_port zone=capacity:1m rate={rate}r/s;\n\
+             server {{ listen 80{h2}; listen [::]:80{h2}; root {root}; {limit} }}\n}}\n",
+            pid = dir.join("nginx.pid").display(),
+            tmp = dir.display(),
+            root = dir.join("www").display(),
+            h2 = if http2 { " http2" } else { "" },
+        ),
+    )
+    .with_context(|| format!("writing {}", conf.display()))?;
+    Ok(conf)
 }
 
 /// redis-server on port 6379, no persistence.

@@ -8,7 +8,7 @@ use anyhow::{ensure, Result};
 use pirate_tests::{
     balancing::{self, Balanced},
     clients,
-    katran::{build_balancer, counter, Katran},
+    katran::counter,
     servers,
     testbed::{metric, Pirated},
 };
@@ -86,22 +86,13 @@ fn weight_leaves_a_slow_real_and_no_connection_breaks() -> Result<()> {
     slow_real_loses_new_connections(&tb, &pirated)
 }
 
-/// The same with Katran's own balancer forwarding: built from its sources, registered at its
-/// default position in pirated's `FORWARD`, its VIP, reals and rings written by pirated. Katran
-/// sends the encapsulated packets back out to the router (XDP_TX, to its default router's MAC).
+/// The same with Katran's own balancer forwarding, its VIP, reals and rings written by pirated.
 #[test]
 fn katran_forwards_as_pirated_weighs() -> Result<()> {
     let tb = Balanced::new(BACKENDS, &build_dir())?;
     serve(&tb, &slow_first())?;
-    let katran = Katran::load(&build_balancer(&build_dir().join("katran"))?)?;
-    katran.set_default_router_mac(tb.router.mac_octets("r-lb")?)?;
-    // pirated runs under `ip netns exec`, in a mount namespace of its own: the pins by our root.
-    let maps = format!("/proc/{}/root{}", std::process::id(), katran.pin_dir().display());
-    let extra = format!("forwarder = \"katran\"\nkatran_maps = \"{maps}\"\n");
-    let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, &extra));
-    let pirated = tb.pirated(&config)?;
-    let forward = PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), tb.lb.name()));
-    katran.register(&forward, 2)?;
+    let head = "epoch = \"500ms\"\n";
+    let (pirated, katran) = tb.pirated_with_katran(&build_dir().join("katran"), head, "")?;
     slow_real_loses_new_connections(&tb, &pirated)?;
     let (tx, _) = katran.counter(counter::XDP_TX)?;
     eprintln!("Katran sent {tx} packets; {}", katran.counters_summary());

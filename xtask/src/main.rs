@@ -66,6 +66,15 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Static against latency-aware Maglev on the load-balancing testbed: one request per
+    /// connection to 4 nginx backends, one of them limited on a trace, at three loads, with
+    /// `pirate_lb` and with Katran's balancer; the clients' p50/p99 and the p99 reduction.
+    /// Needs root; about 7 minutes.
+    Lb {
+        /// Extra arguments for the benchmark binary (see its --help), e.g. `--loads 200`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
 }
 
 fn root() -> PathBuf {
@@ -126,5 +135,6 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Accuracy { args } } => {
             bench("pirate-accuracy", &["pirated", "pirate-linkem"], &args)
         }
+        Task::Bench { which: Bench::Lb { args } } => bench("pirate-lb-bench", &["pirated"], &args),
     }
 }

@@ -1,8 +1,8 @@
 //! `cargo xtask bench lb`: static against latency-aware Maglev (the Pirate paper's §5.6) on the
 //! load-balancing testbed. Clients open one connection per request to a VIP that four nginx
-//! backends serve, replies straight to the clients; backend 0's CPU quota follows a trace, so
-//! its latency grows with the load it is given, as a server sharing its host with a noisy
-//! neighbour does. Each forwarder (`pirate_lb`, Katran's balancer) runs the same trace at each
+//! backends serve, replies straight to the clients; backend 0's capacity follows a trace
+//! (requests beyond it wait in line), so its latency grows with the load it is given, as a
+//! saturated server's does. Each forwarder (`pirate_lb`, Katran's balancer) runs the same trace at each
 //! offered load twice, static and adaptive, and the clients' own p50/p99 are printed side by
 //! side with the p99 reduction; failed requests are counted (a connection moved to another real
 //! by a weight change fails so).
@@ -25,7 +25,7 @@ struct Args {
     /// Offered loads, new connections (one request each) a second.
     #[arg(long, value_delimiter = ',', default_value = "100,200,300")]
     loads: Vec<f64>,
-    /// Seconds each run lasts; the trace repeats over it.
+    /// Seconds each run lasts; trace steps after its end are not reached.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
     /// Which forwarders to run.
@@ -255,9 +255,9 @@ fn read_trace(path: &Path) -> Result<Vec<(f64, Option<u32>)>> {
             Some((at, capacity))
         });
         match parsed {
-            Some((at, capacity)) if at >= 0.0 => trace.push((at, capacity)),
+            Some((at, capacity)) if at >= trace.last().map_or(0.0, |l: &(f64, _)| l.0) => trace.push((at, capacity)),
             _ => bail!(
-                "{}:{}: expected `<seconds> <requests a second>` or `<seconds> none`, got {line:?}",
+                "{}:{}: expected `<seconds> <requests a second>` or `<seconds> none`, in time order, got {line:?}",
                 path.display(),
                 n + 1
             ),

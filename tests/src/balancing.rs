@@ -113,6 +113,17 @@ impl Balanced {
         pirated.wait_for(std::time::Duration::from_secs(10), |v| v["type"] == "real")?;
         Ok(pirated)
     }
+
+    /// The connections each backend has accepted (its kernel's count): the truth the forwarder's
+    /// spread is held to.
+    pub fn passive_opens(&self) -> Result<Vec<u64>> {
+        self.backends.iter().map(|b| b.tcp_passive_opens()).collect()
+    }
+
+    /// Connections each backend accepted since [`Balanced::passive_opens`] returned `before`.
+    pub fn opened_since(&self, before: &[u64]) -> Result<Vec<u64>> {
+        Ok(self.passive_opens()?.iter().zip(before).map(|(a, b)| a - b).collect())
+    }
 }
 
 impl Balanced {

@@ -69,8 +69,8 @@ pub fn nginx_h2(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
 
 /// [`nginx`] with a capacity that can change while it runs: at most so many requests a second
 /// are served, and those beyond wait in line (nginx's `limit_req`, delaying instead of
-/// refusing). Its latency so grows with the load it is offered, as a server's whose capacity
-/// is that does; without a capacity it is plain [`nginx`].
+/// refusing), so its latency grows with the load it is offered, as a saturated server's does;
+/// without a capacity it is plain [`nginx`].
 pub struct Capped {
     server: Server,
 }

@@ -27,15 +27,6 @@ fn serve(tb: &Balanced, service: &[Duration]) -> Result<()> {
     Ok(())
 }
 
-fn passive_opens(tb: &Balanced) -> Result<Vec<u64>> {
-    tb.backends.iter().map(|b| b.tcp_passive_opens()).collect()
-}
-
-/// Connections each backend accepted since it had accepted `before`.
-fn opened_since(tb: &Balanced, before: &[u64]) -> Result<Vec<u64>> {
-    Ok(passive_opens(tb)?.iter().zip(before).map(|(a, b)| a - b).collect())
-}
-
 /// Static Maglev at equal weights: every new connection reaches a backend (the backends count
 /// them), each real's share is about a quarter, pirated's per-real connection counters match
 /// the backends' own counts exactly, and traffic to anything but the VIP passes untouched.
@@ -45,9 +36,9 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
     serve(&tb, &[Duration::from_millis(1); BACKENDS])?;
     let config = format!("epoch = \"500ms\"\n{}", balancing::lb_config(BACKENDS, "adaptive = false\n"));
     let pirated = tb.pirated(&config)?;
-    let before = passive_opens(&tb)?;
+    let before = tb.passive_opens()?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(4))?;
-    let opened = opened_since(&tb, &before)?;
+    let opened = tb.opened_since(&before)?;
     eprintln!("{} connections; the backends accepted {opened:?}", connects.len());
     ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
     // A quarter each: binomial σ ≈ 8.7 at 400 connections; 5 σ either side.
@@ -111,10 +102,10 @@ fn slow_first() -> [Duration; BACKENDS] {
 /// the keep-alive connections fails.
 fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<()> {
     let run = Duration::from_secs(8);
-    let start = passive_opens(tb)?;
+    let start = tb.passive_opens()?;
     let mut held = Vec::new();
     loop {
-        let opened = opened_since(tb, &start)?;
+        let opened = tb.opened_since(&start)?;
         if opened.iter().all(|&n| n >= 2) {
             eprintln!("keep-alive connections per backend: {opened:?}");
             break;
@@ -127,9 +118,9 @@ fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<(
         v["type"] == "real" && v["real"] == real0 && v["weight"].as_f64() < Some(0.5)
     })?;
     eprintln!("backend 0 after the move: {moved}");
-    let before = passive_opens(tb)?;
+    let before = tb.passive_opens()?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(2))?;
-    let opened = opened_since(tb, &before)?;
+    let opened = tb.opened_since(&before)?;
     eprintln!("{} new connections after the move went to {opened:?}", connects.len());
     ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
     ensure!(

@@ -2,10 +2,10 @@
 //! load-balancing testbed. Clients open one connection per request to a VIP that four nginx
 //! backends serve, replies straight to the clients; backend 0's capacity follows a trace
 //! (requests beyond it wait in line), so its latency grows with the load it is given, as a
-//! saturated server's does. Each forwarder (`pirate_lb`, Katran's balancer) runs the same trace at each
-//! offered load twice, static and adaptive, and the clients' own p50/p99 are printed side by
-//! side with the p99 reduction; failed requests are counted (a connection moved to another real
-//! by a weight change fails so).
+//! saturated server's does. Each forwarder (`pirate_lb`, Katran's balancer) runs the same trace
+//! at each offered load twice, static and adaptive, and the clients' own p50/p99 are printed
+//! side by side with the p99 reduction; failed requests are counted (a connection moved to
+//! another real by a weight change fails so).
 
 use std::{
     path::{Path, PathBuf},
@@ -113,7 +113,7 @@ fn main() -> Result<()> {
                 adaptive.p50_ms,
                 adaptive.p99_ms,
                 adaptive.slow_share * 100.0,
-                adaptive.moves,
+                adaptive.rings,
                 cut * 100.0
             );
         }
@@ -166,8 +166,8 @@ struct Outcome {
     failed: usize,
     /// Backend 0's share of the connections.
     slow_share: f64,
-    /// Weight moves the controller made.
-    moves: usize,
+    /// Rings the controller made live (weight moves and regressions towards equal).
+    rings: usize,
 }
 
 impl Run<'_> {
@@ -190,7 +190,7 @@ impl Run<'_> {
                 (pirated, Some(katran))
             }
         };
-        let before = passive_opens(&tb)?;
+        let before = tb.passive_opens()?;
         let duration = Duration::from_secs(self.seconds);
         let results = std::thread::scope(|scope| -> Result<Vec<Result<Duration>>> {
             let (start, slow) = (Instant::now(), &nginx[0]);
@@ -199,11 +199,13 @@ impl Run<'_> {
             schedule.join().map_err(|_| anyhow::anyhow!("the trace panicked"))??;
             Ok(results)
         })?;
-        let opened: Vec<u64> = passive_opens(&tb)?.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let opened = tb.opened_since(&before)?;
         let lines = pirated.stop()?;
         let mut ok: Vec<f64> = results.iter().filter_map(|r| r.as_ref().ok()).map(|d| d.as_secs_f64() * 1e3).collect();
         if ok.is_empty() {
-            bail!("no request succeeded: {:#}", results[0].as_ref().unwrap_err());
+            let why =
+                results.iter().find_map(|r| r.as_ref().err()).map_or("none was made".into(), |e| format!("{e:#}"));
+            bail!("no request succeeded: {why}");
         }
         for e in results.iter().filter_map(|r| r.as_ref().err()).take(3) {
             eprintln!("a request failed: {e:#}");
@@ -215,13 +217,9 @@ impl Run<'_> {
             p99_ms: quantile(0.99),
             failed: results.len() - ok.len(),
             slow_share: opened[0] as f64 / opened.iter().sum::<u64>().max(1) as f64,
-            moves: lines.iter().filter(|v| v["type"] == "lb_move").count(),
+            rings: lines.iter().filter(|v| v["type"] == "lb_move").count(),
         })
     }
-}
-
-fn passive_opens(tb: &Balanced) -> Result<Vec<u64>> {
-    tb.backends.iter().map(|b| b.tcp_passive_opens()).collect()
 }
 
 /// Sets backend 0's capacity as the trace says, until `duration` after `start`.

@@ -38,7 +38,7 @@ pub struct Config {
 pub struct LbConfig {
     pub vips: Vec<VipSpec>,
     pub forwarder: Forwarder,
-    pub katran_maps: String,
+    pub katran_grpc: String,
     pub position: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tunnel_source: Option<Ipv4Addr>,
@@ -230,7 +230,7 @@ impl Default for LbConfig {
         LbConfig {
             vips: Vec::new(),
             forwarder: Forwarder::Builtin,
-            katran_maps: String::new(),
+            katran_grpc: String::new(),
             position: 2,
             tunnel_source: None,
             egress: Egress::Xdp,
@@ -621,16 +621,24 @@ impl LbConfig {
                 format!("lb.max_connections = {}: must be 1..=16777216", self.max_connections),
             );
         }
-        if self.forwarder == Forwarder::Katran {
-            if !self.katran_maps.starts_with('/') {
+        if !self.katran_grpc.is_empty() {
+            let http = self
+                .katran_grpc
+                .parse::<tonic::codegen::http::Uri>()
+                .ok()
+                .filter(|u| u.scheme_str() == Some("http") && u.host().is_some() && u.path() == "/");
+            if self.forwarder != Forwarder::Katran || http.is_none() {
                 return refuse(
-                    &["lb.katran_maps", "lb.forwarder"],
+                    &["lb.katran_grpc", "lb.forwarder"],
                     format!(
-                        "lb.katran_maps = {:?}: forwarder \"katran\" needs the absolute path of the directory Katran's maps are pinned in",
-                        self.katran_maps
+                        "lb.katran_grpc = {:?}: with forwarder = \"katran\", the address of Katran's gRPC server, \
+                         http://host:port (katran_server_grpc serves plaintext on port 50051)",
+                        self.katran_grpc
                     ),
                 );
             }
+        }
+        if self.forwarder == Forwarder::Katran {
             if self.ring_size != crate::lb::katran::RING_SIZE {
                 return refuse(
                     &["lb.ring_size", "lb.forwarder"],
@@ -901,10 +909,15 @@ mod tests {
         assert!(lb.enabled() && lb.vips[0].proto == Proto::Tcp && lb.shape().tunnel_source == [10, 1, 0, 254]);
         assert!(err(&format!("{ok}ring_size = 65536\n")).starts_with("line 4: lb.ring_size = 65536"));
         assert!(err(&format!("{ok}position = 3\n")).starts_with("line 4: lb.position = 3"));
-        let e = err(&format!("{ok}forwarder = \"katran\"\n"));
-        assert!(e.starts_with("line 4: lb.katran_maps = \"\"") && e.contains("katran"), "{e}");
-        let e = err(&format!("{ok}forwarder = \"katran\"\nkatran_maps = \"/k\"\nring_size = 65521\n"));
-        assert!(e.starts_with("line 6: lb.ring_size = 65521: Katran's rings"), "{e}");
+        let e = err(&format!("{ok}forwarder = \"katran\"\nring_size = 65521\n"));
+        assert!(e.starts_with("line 5: lb.ring_size = 65521: Katran's rings"), "{e}");
+        let grpc = "katran_grpc = \"http://127.0.0.1:50051\"\n";
+        let e = err(&format!("{ok}{grpc}"));
+        assert!(e.starts_with("line 4: lb.katran_grpc = \"http://127.0.0.1:50051\": with forwarder"), "{e}");
+        let e = err(&format!("{ok}forwarder = \"katran\"\nkatran_grpc = \"127.0.0.1:50051\"\n"));
+        assert!(e.starts_with("line 5: lb.katran_grpc = \"127.0.0.1:50051\""), "{e}");
+        let lb = Config::parse(&format!("{ok}forwarder = \"katran\"\n{grpc}")).unwrap().lb;
+        assert_eq!(lb.katran_grpc, "http://127.0.0.1:50051");
         let e = err(&format!("{ok}[lb.control]\nalpha_low = 2.0\n"));
         assert!(e.starts_with("line 5: lb.control.alpha_low = 2"), "{e}");
         let twice = "[lb]\ntunnel_source = \"10.1.0.254\"\nvips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\"] }, { address = \"10.0.0.1:80\", reals = [\"10.1.0.2\"] }]\n";

@@ -17,14 +17,16 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::{
     katran::{build_balancer, Katran},
     netns::{require_root, veth, Netns},
-    testbed::Pirated,
+    testbed::{metric, Pirated},
 };
 
 pub const CLIENT_IP: &str = "10.204.1.1";
@@ -110,7 +112,7 @@ impl Balanced {
     /// rings are in place then (they are written after it attaches).
     pub fn pirated(&self, config: &str) -> Result<Pirated> {
         let pirated = Pirated::start(&self.lb, LB_IF, config)?;
-        pirated.wait_for(std::time::Duration::from_secs(10), |v| v["type"] == "real")?;
+        pirated.wait_for(Duration::from_secs(10), |v| v["type"] == "real")?;
         Ok(pirated)
     }
 
@@ -127,21 +129,34 @@ impl Balanced {
 }
 
 impl Balanced {
-    /// Katran's balancer, built from its sources into `build_dir` and loaded, driven by pirated
-    /// (configuration `head`, then `[lb]` with `extra` lines) and registered at Katran's default
-    /// position in pirated's `FORWARD`. Katran sends the encapsulated packets back out to the
-    /// router (XDP_TX, to its default router's MAC).
-    pub fn pirated_with_katran(&self, build_dir: &Path, head: &str, extra: &str) -> Result<(Pirated, Katran)> {
+    /// Katran's balancer, built from its sources into `build_dir` and loaded, sending what it
+    /// encapsulates back out to the router (XDP_TX, to its default router's MAC).
+    pub fn katran(&self, build_dir: &Path) -> Result<Arc<Katran>> {
         let katran = Katran::load(&build_balancer(build_dir)?)?;
         katran.set_default_router_mac(self.router.mac_octets("r-lb")?)?;
-        // pirated runs under `ip netns exec`, in a mount namespace of its own: the pins by our root.
-        let maps = format!("/proc/{}/root{}", std::process::id(), katran.pin_dir().display());
-        let extra = format!("forwarder = \"katran\"\nkatran_maps = \"{maps}\"\n{extra}");
+        Ok(Arc::new(katran))
+    }
+
+    /// pirated driving `katran` (configuration `head`, then `[lb]` with forwarder "katran" and
+    /// `extra` lines), once it has found Katran in its `FORWARD`, where Katran is registered at
+    /// its default position as it registers itself.
+    pub fn pirated_with_katran(&self, katran: &Katran, head: &str, extra: &str) -> Result<Pirated> {
+        let extra = format!("forwarder = \"katran\"\n{extra}");
         let pirated = self.pirated(&format!("{head}{}", lb_config(self.backends.len(), &extra)))?;
-        let forward =
-            PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), self.lb.name()));
-        katran.register(&forward, 2)?;
-        Ok((pirated, katran))
+        katran.register(&self.forward(&pirated), 2)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let url = format!("http://{}/metrics", pirated.listen);
+        while metric(&self.lb.run(&["curl", "-sf", &url])?, "pirated_lb_forwarder_up") != 1.0 {
+            ensure!(Instant::now() < deadline, "pirated did not find Katran in its FORWARD within 10 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(pirated)
+    }
+
+    /// `pirated`'s `FORWARD`, by its root: it runs under `ip netns exec`, in a mount namespace of
+    /// its own.
+    pub fn forward(&self, pirated: &Pirated) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), self.lb.name()))
     }
 }
 

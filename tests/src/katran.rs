@@ -257,6 +257,17 @@ impl Katran {
         self.update("vip_map", &pirated::lb::katran::vip_definition(vip, proto), &meta)
     }
 
+    /// The `vip_num` `vip_map` gives `vip` and `proto`, if it has them.
+    pub fn vip_num(&self, vip: SocketAddrV4, proto: u8) -> Result<Option<u32>> {
+        let mut meta = [0u8; 8];
+        let map = self.map("vip_map")?;
+        match sys::map_lookup(map.as_fd(), &pirated::lb::katran::vip_definition(vip, proto), &mut meta) {
+            Ok(()) => Ok(Some(u32::from_ne_bytes(meta[4..].try_into().unwrap()))),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e).context("reading vip_map"),
+        }
+    }
+
     /// Sets real `id` in `reals` to IPv4 address `addr`: the outer destination of packets the ring
     /// sends to `id`. Real id 0 is reserved (Katran drops packets whose ring position holds 0).
     pub fn set_real(&self, id: u32, addr: Ipv4Addr) -> Result<()> {

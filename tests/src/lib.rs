@@ -6,6 +6,7 @@ pub mod balancing;
 pub mod capture;
 pub mod clients;
 pub mod katran;
+pub mod katran_server;
 pub mod linkem;
 pub mod netns;
 pub mod pairs;

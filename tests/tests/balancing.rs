@@ -2,13 +2,19 @@
 //! (`pirate_tests::balancing`): real clients reach a VIP, real servers behind it answer
 //! directly, and the backends' own connection counts are the truth.
 
-use std::{path::PathBuf, thread, time::Duration};
+use std::{
+    net::SocketAddrV4,
+    path::PathBuf,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{ensure, Result};
 use pirate_tests::{
     balancing::{self, Balanced},
     clients,
     katran::counter,
+    katran_server::KatranServer,
     servers,
     testbed::{metric, Pirated},
 };
@@ -78,15 +84,70 @@ fn weight_leaves_a_slow_real_and_no_connection_breaks() -> Result<()> {
 }
 
 /// The same with Katran's own balancer forwarding, its VIP, reals and rings written by pirated.
+/// Then Katran restarts: another balancer, its maps empty, takes the slot; pirated finds it and
+/// gives it the VIP, reals and rings, and every new connection reaches a backend through it.
 #[test]
 fn katran_forwards_as_pirated_weighs() -> Result<()> {
     let tb = Balanced::new(BACKENDS, &build_dir())?;
     serve(&tb, &slow_first())?;
     let head = "epoch = \"500ms\"\n";
-    let (pirated, katran) = tb.pirated_with_katran(&build_dir().join("katran"), head, "")?;
+    let katran = tb.katran(&build_dir().join("katran"))?;
+    let pirated = tb.pirated_with_katran(&katran, head, "")?;
     slow_real_loses_new_connections(&tb, &pirated)?;
     let (tx, _) = katran.counter(counter::XDP_TX)?;
     eprintln!("Katran sent {tx} packets; {}", katran.counters_summary());
+
+    let restarted = tb.katran(&build_dir().join("katran"))?;
+    restarted.register(&tb.forward(&pirated), 2)?;
+    let (vip, tcp) = (SocketAddrV4::new(balancing::VIP, balancing::VIP_PORT), libc::IPPROTO_TCP as u8);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while restarted.vip_num(vip, tcp)?.is_none() {
+        ensure!(Instant::now() < deadline, "pirated did not give the restarted Katran its VIP in 10 s");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let before = tb.passive_opens()?;
+    let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(1))?;
+    let opened = tb.opened_since(&before)?;
+    let (tx, _) = restarted.counter(counter::XDP_TX)?;
+    eprintln!("after the restart, {} new connections went to {opened:?}; Katran sent {tx} packets", connects.len());
+    ensure!(opened.iter().sum::<u64>() == connects.len() as u64, "connections lost: {opened:?}");
+    ensure!(tx > 0, "the restarted Katran sent nothing: {}", restarted.counters_summary());
+    Ok(())
+}
+
+/// The same with Katran's own control plane between pirated and Katran's balancer: a stand-in
+/// for Katran's gRPC server (`pirate_tests::katran_server`) builds the rings from the weights
+/// pirated sends it (`addVip`, then `modifyRealsForVip`), with a Maglev permutation other than
+/// pirated's, so pirated must read each flow's real from Katran's ring. The server starts after
+/// pirated: the calls that failed meanwhile are counted, and retried until they reach it.
+#[test]
+fn katran_server_takes_the_weights_over_grpc() -> Result<()> {
+    let tb = Balanced::new(BACKENDS, &build_dir())?;
+    serve(&tb, &slow_first())?;
+    let katran = tb.katran(&build_dir().join("katran"))?;
+    let listen = "127.0.0.1:50051";
+    let extra = format!("katran_grpc = \"http://{listen}\"\n");
+    let pirated = tb.pirated_with_katran(&katran, "epoch = \"500ms\"\n", &extra)?;
+    let url = format!("http://{}/metrics", pirated.listen);
+    let failures =
+        || -> Result<f64> { Ok(metric(&tb.lb.run(&["curl", "-sf", &url])?, "pirated_lb_katran_grpc_failures_total")) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while failures()? == 0.0 {
+        ensure!(Instant::now() < deadline, "no failed call counted in 10 s with no server");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let server = KatranServer::start(&tb.lb, listen.parse()?, katran.clone())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.calls("modifyRealsForVip") == 0 {
+        ensure!(Instant::now() < deadline, "no weights reached Katran's server in 10 s");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let vip = SocketAddrV4::new(balancing::VIP, balancing::VIP_PORT);
+    eprintln!("{} failed calls before the server; it has {:?}", failures()?, server.weights(vip));
+    slow_real_loses_new_connections(&tb, &pirated)?;
+    let (adds, changes) = (server.calls("addVip"), server.calls("modifyRealsForVip"));
+    eprintln!("addVip {adds}, modifyRealsForVip {changes}; weights now {:?}", server.weights(vip));
+    ensure!(adds == 1 && changes >= 2, "the VIP added once and its weights moved: {adds} and {changes} calls");
     Ok(())
 }
 

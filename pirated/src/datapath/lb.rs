@@ -4,8 +4,8 @@
 
 use std::{net::Ipv4Addr, os::fd::AsFd};
 
-use anyhow::Context;
-use aya::maps::{Array, HashMap, ProgramArray};
+use anyhow::{bail, Context};
+use aya::maps::{Array, HashMap, Map, ProgramArray};
 use pirate_common::{
     key::FlowId,
     lb::{ring_index, LbShape, RealCounters, VipKey},
@@ -89,5 +89,19 @@ impl Datapath {
         ProgramArray::try_from(self.ebpf.map_mut(maps::FORWARD).unwrap())?
             .set(position, &fd, 0)
             .with_context(|| format!("registering pirate_lb in FORWARD slot {position}"))
+    }
+
+    /// The id of the program in `FORWARD` slot `position`, if one is registered there.
+    pub fn forwarder_program(&self, position: u32) -> anyhow::Result<Option<u32>> {
+        let Map::ProgramArray(forward) = self.ebpf.map(maps::FORWARD).unwrap() else {
+            bail!("FORWARD is not a program array: pirated and its XDP object were built apart");
+        };
+        let mut id = [0u32];
+        // SAFETY: a program array's entries read back as the program's u32 id.
+        match unsafe { super::bpf_call::lookup(forward.fd().as_fd(), position, &mut id) } {
+            Ok(()) => Ok(Some(id[0])),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading FORWARD slot {position}")),
+        }
     }
 }

@@ -1,13 +1,12 @@
 //! The balancer as the daemon runs it: per VIP, its reals, weighted Maglev ring and controller.
-//! At start it installs the VIPs, reals and rings into the datapath and registers `pirate_lb`;
-//! every epoch it attributes Pirate's per-flow estimates to the reals the flows are held on (the
-//! forwarder's connection table), steps each VIP's controller and rewrites a ring whose weights
-//! moved.
+//! At start it installs the VIPs, reals and rings into the datapath and registers `pirate_lb`
+//! (or drives Katran's balancer from when it is found in the slot); every epoch it attributes
+//! Pirate's per-flow estimates to the reals the flows are held on (the forwarder's connection
+//! table, or Katran's ring), steps each VIP's controller and rewrites a ring whose weights moved.
 
 use std::{
     collections::HashMap,
     net::{Ipv4Addr, SocketAddrV4},
-    path::Path,
 };
 
 use pirate_common::{
@@ -18,7 +17,7 @@ use serde::Serialize;
 
 use super::{
     controller::{Control, Controller, RealStats},
-    katran::{self, Katran},
+    katran_driver::Driver,
     maglev::Ring,
 };
 use crate::{
@@ -45,21 +44,17 @@ pub struct Balancer {
 enum Forwarder {
     /// `pirate_lb`, in the datapath: its connection table says.
     Builtin,
-    /// Katran's balancer, by its pinned maps: the real its ring gave the flow when pirated first
-    /// saw it, with the epoch the flow was last seen.
-    Katran { maps: Box<Katran>, seen: HashMap<FlowKey, (u32, u32)> },
+    /// Katran's balancer.
+    Katran(Box<Driver>),
 }
 
-/// Epochs a flow Katran carries is remembered without packets.
-const FORGET_AFTER: u32 = 64;
-
 /// One VIP and its reals.
-struct Pool {
-    address: SocketAddrV4,
-    proto: Proto,
-    reals: Vec<Ipv4Addr>,
+pub(super) struct Pool {
+    pub(super) address: SocketAddrV4,
+    pub(super) proto: Proto,
+    pub(super) reals: Vec<Ipv4Addr>,
     /// The datapath's index of `reals[0]`; the others follow.
-    first: u32,
+    pub(super) first: u32,
     ring: Ring,
     controller: Controller,
 }
@@ -90,6 +85,10 @@ pub struct LbEpoch {
     pub reals: Vec<RealEpoch>,
     /// The VIPs whose weights moved.
     pub moves: Vec<Move>,
+    /// Whether the forwarder is in its slot (Katran, once registered and found).
+    pub forwarder_up: bool,
+    /// Calls to Katran's gRPC server that failed so far.
+    pub control_failures: u64,
 }
 
 /// A move of one VIP's weights.
@@ -148,10 +147,9 @@ impl Balancer {
         }
         let forwarder = match config.forwarder {
             Kind::Builtin => Forwarder::Builtin,
-            Kind::Katran => Forwarder::Katran {
-                maps: Box::new(Katran::open(Path::new(&config.katran_maps))?),
-                seen: HashMap::new(),
-            },
+            Kind::Katran => {
+                Forwarder::Katran(Box::new(Driver::new(config.position, &config.katran_grpc, pools.len())?))
+            }
         };
         let vips = pools.iter().enumerate().map(|(v, p)| (p.key(), v)).collect();
         Ok(Balancer {
@@ -165,13 +163,17 @@ impl Balancer {
         })
     }
 
-    /// Installs the VIPs, reals and rings; the built-in forwarder is then registered in its
-    /// slot, from when on packets to the VIPs are forwarded (Katran registers itself).
+    /// Installs the VIPs, reals and rings and registers the built-in forwarder in its slot,
+    /// from when on packets to the VIPs are forwarded; Katran registers itself, and is driven
+    /// from when it is found there.
     pub fn start(&mut self, dp: &mut Datapath) -> anyhow::Result<()> {
-        let reals: Vec<(u32, Ipv4Addr)> =
-            self.pools.iter().flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r))).collect();
         match &mut self.forwarder {
             Forwarder::Builtin => {
+                let reals: Vec<(u32, Ipv4Addr)> = self
+                    .pools
+                    .iter()
+                    .flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r)))
+                    .collect();
                 let vips: Vec<(VipKey, u32)> = self.vips.iter().map(|(&k, &v)| (k, v as u32)).collect();
                 dp.install_lb(self.shape, &reals, &vips)?;
                 for (v, pool) in self.pools.iter().enumerate() {
@@ -179,48 +181,33 @@ impl Balancer {
                 }
                 dp.register_forwarder(self.position)
             }
-            Forwarder::Katran { maps, .. } => {
-                for &(id, addr) in &reals {
-                    maps.set_real(id, addr)?;
-                }
-                for (v, pool) in self.pools.iter().enumerate() {
-                    maps.write_ring(v as u32, None, &pool.ring_of_indices())?;
-                    maps.add_vip(pool.address, pool.proto.number(), v as u32)?;
-                }
-                Ok(())
-            }
+            Forwarder::Katran(driver) => driver.refresh(dp, &self.pools),
         }
     }
 
-    /// The datapath index of the real flow `key` (to VIP `v`) is held on, if known.
-    fn real_of(&mut self, dp: &Datapath, v: usize, key: &FlowKey, epoch: u32) -> anyhow::Result<Option<u32>> {
+    /// The real (a position in VIP `v`'s pool) flow `key` is held on, if known.
+    fn real_of(&mut self, dp: &Datapath, v: usize, key: &FlowKey, epoch: u32) -> anyhow::Result<Option<usize>> {
+        let pool = &self.pools[v];
         match &mut self.forwarder {
-            Forwarder::Builtin => dp.connection(&FlowId::of(key)),
-            Forwarder::Katran { seen, .. } => {
-                let pool = &self.pools[v];
-                let src = Ipv4Addr::new(key.src[0], key.src[1], key.src[2], key.src[3]);
-                let entry = seen.entry(*key).or_insert_with(|| {
-                    let position = katran::position(src, key.sport, key.dport);
-                    (pool.first + pool.ring.entries()[position as usize], epoch)
-                });
-                entry.1 = epoch;
-                Ok(Some(entry.0))
-            }
+            Forwarder::Builtin => Ok(dp
+                .connection(&FlowId::of(key))?
+                .and_then(|index| index.checked_sub(pool.first).map(|r| r as usize).filter(|&r| r < pool.reals.len()))),
+            Forwarder::Katran(driver) => driver.real_of(v, pool, key, epoch),
         }
     }
 
     fn write_ring(&mut self, dp: &mut Datapath, v: usize, old: &[u32]) -> anyhow::Result<()> {
-        let ring = self.pools[v].ring_of_indices();
+        let pool = &self.pools[v];
         match &mut self.forwarder {
-            Forwarder::Builtin => dp.write_ring(v as u32, &ring),
-            Forwarder::Katran { maps, .. } => maps.write_ring(v as u32, Some(old), &ring),
+            Forwarder::Builtin => dp.write_ring(v as u32, &pool.ring_of_indices()),
+            Forwarder::Katran(driver) => driver.reweigh(v, pool, old),
         }
     }
 
-    fn real_counters(&self, dp: &Datapath, index: u32) -> anyhow::Result<RealCounters> {
+    fn real_counters(&self, dp: &Datapath, pool: &Pool, real: usize) -> anyhow::Result<RealCounters> {
         match &self.forwarder {
-            Forwarder::Builtin => dp.real_counters(index),
-            Forwarder::Katran { maps, .. } => maps.real_counters(index),
+            Forwarder::Builtin => dp.real_counters(pool.first + real as u32),
+            Forwarder::Katran(driver) => driver.real_counters(pool.reals[real]),
         }
     }
 
@@ -228,16 +215,15 @@ impl Balancer {
     /// of each VIP's controller (if adaptive), its ring rewritten if the weights moved.
     pub fn step(&mut self, dp: &mut Datapath, report: &EpochReport) -> anyhow::Result<LbEpoch> {
         let mut out = LbEpoch::default();
+        if let Forwarder::Katran(driver) = &mut self.forwarder {
+            driver.refresh(dp, &self.pools)?;
+        }
         // Each pool's flows, in one pass over the epoch's: (real, estimate and batches).
         let mut flows: Vec<Vec<FlowFigure>> = vec![Vec::new(); self.pools.len()];
         for (flow, est) in report.flows.iter().zip(&report.estimates) {
             let Some(&v) = VipKey::of(&flow.key).and_then(|k| self.vips.get(&k)) else { continue };
-            let Some(index) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
-            let pool = &self.pools[v];
-            let Some(real) = index.checked_sub(pool.first).filter(|&r| (r as usize) < pool.reals.len()) else {
-                continue;
-            };
-            flows[v].push((real as usize, est.of(report.estimator).map(|e| (e.estimate_ns, e.batches))));
+            let Some(real) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
+            flows[v].push((real, est.of(report.estimator).map(|e| (e.estimate_ns, e.batches))));
         }
         for (v, flows) in flows.iter().enumerate() {
             let stats = per_real(flows, self.pools[v].reals.len());
@@ -246,10 +232,8 @@ impl Balancer {
                 let pool = &mut self.pools[v];
                 let step = pool.controller.step(&self.control, &stats);
                 if step.moved > 0.0 || step.regressed {
-                    let weights: Vec<u32> =
-                        pool.controller.weights.iter().map(|w| (w * WEIGHT_SCALE).round().max(1.0) as u32).collect();
                     let old = pool.ring_of_indices();
-                    let moved = pool.ring.reweigh(&weights)?;
+                    let moved = pool.ring.reweigh(&pool.ring_weights())?;
                     self.write_ring(dp, v, &old)?;
                     out.moves.push(Move { vip: name.clone(), weight: step.moved, entries: moved });
                 }
@@ -258,7 +242,7 @@ impl Balancer {
             let counts = pool.ring.counts();
             let size: u64 = counts.iter().sum();
             for (i, s) in stats.iter().enumerate() {
-                let RealCounters { packets, bytes, connections } = self.real_counters(dp, pool.first + i as u32)?;
+                let RealCounters { packets, bytes, connections } = self.real_counters(dp, pool, i)?;
                 out.reals.push(RealEpoch {
                     vip: name.clone(),
                     real: pool.reals[i],
@@ -274,8 +258,13 @@ impl Balancer {
                 });
             }
         }
-        if let Forwarder::Katran { seen, .. } = &mut self.forwarder {
-            seen.retain(|_, (_, last)| report.epoch.wrapping_sub(*last) < FORGET_AFTER);
+        match &mut self.forwarder {
+            Forwarder::Builtin => out.forwarder_up = true,
+            Forwarder::Katran(driver) => {
+                driver.end_epoch(report.epoch);
+                out.forwarder_up = driver.is_up();
+                out.control_failures = driver.failures();
+            }
         }
         Ok(out)
     }
@@ -290,8 +279,13 @@ impl Pool {
         format!("{}/{}", self.address, self.proto.name())
     }
 
+    /// The controller's weights as the ring takes them (at least 1: every real keeps entries).
+    pub(super) fn ring_weights(&self) -> Vec<u32> {
+        self.controller.weights.iter().map(|w| (w * WEIGHT_SCALE).round().max(1.0) as u32).collect()
+    }
+
     /// The ring with the datapath's real indices in place of positions in `reals`.
-    fn ring_of_indices(&self) -> Vec<u32> {
+    pub(super) fn ring_of_indices(&self) -> Vec<u32> {
         self.ring.entries().iter().map(|&b| self.first + b).collect()
     }
 }

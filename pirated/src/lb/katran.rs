@@ -1,8 +1,9 @@
-//! Katran's balancer driven as its control plane drives it: pirated writes its VIP, real and
-//! consistent-hashing ring maps, pinned by name in one directory (`bpftool prog load …
-//! pinmaps <dir>`, or Katran's own pinning), in the layouts of Katran's `balancer_structs.h`,
-//! and reads its per-real counters. Katran's balancer registers itself in pirated's `FORWARD`
-//! (its `rootMapPath`); its default router's MAC (`ctl_array`) is its deployment's to set.
+//! Katran's balancer as pirated finds and drives it. Katran registers itself in pirated's
+//! `FORWARD` (its `rootMapPath` and `rootMapPos`); pirated finds its maps through the program in
+//! that slot (by name, whether or not they are pinned), checks their layouts against Katran's
+//! `balancer_structs.h`, reads its VIPs, rings, reals and per-real counters, and, unless Katran's
+//! own server controls it, writes them (its default router's MAC, `ctl_array`, is the
+//! deployment's to set).
 //!
 //! Katran keeps established flows on their real in its own LRU; pirated attributes a flow to the
 //! real Katran's ring gave it when pirated first saw the flow, by Katran's own flow hash
@@ -11,7 +12,6 @@
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
     os::fd::AsFd,
-    path::Path,
 };
 
 use anyhow::{ensure, Context};
@@ -25,10 +25,11 @@ pub const RING_SIZE: u32 = 65_537;
 /// Katran's `INIT_JHASH_SEED`: `CH_RINGS_SIZE`, its default `MAX_VIPS` (512) rings.
 const JHASH_SEED: u32 = 512 * RING_SIZE;
 
-/// Katran's maps, opened from their pins.
+/// Katran's maps, found through its program.
 pub struct Katran {
     vips: HashMap<MapData, [u8; 20], [u8; 8]>,
     reals: Array<MapData, [u8; 20]>,
+    max_reals: u32,
     rings: Array<MapData, u32>,
     reals_stats: MapData,
     lru_miss_stats: MapData,
@@ -37,19 +38,29 @@ pub struct Katran {
 }
 
 impl Katran {
-    /// Opens the maps pinned in `dir`, checking the layouts this module writes (a Katran built
-    /// with other sizes fails here, clearly, not as a balancer that drops everything).
-    pub fn open(dir: &Path) -> anyhow::Result<Katran> {
-        let pin = |name: &str| {
-            let path = dir.join(name);
-            MapData::from_pin(&path).with_context(|| {
-                format!(
-                    "opening Katran's map {} (is Katran's balancer loaded with its maps pinned there?)",
-                    path.display()
-                )
-            })
-        };
-        let expect = |name: &str, data: &MapData, key: u32, value: u32| -> anyhow::Result<u32> {
+    /// Opens the maps of program `id` (the one in pirated's forwarder slot), checking the layouts
+    /// this module reads and writes: a program that is not Katran's balancer, or a Katran built
+    /// with other sizes, fails here, clearly, not as a balancer that drops everything.
+    pub fn of_program(id: u32) -> anyhow::Result<Katran> {
+        let program = aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .find(|p| p.id() == id)
+            .with_context(|| format!("program {id} is no longer loaded"))?;
+        let ids = program
+            .map_ids()
+            .context("listing the maps of the program in the forwarder slot")?
+            .context("this kernel does not list a program's maps (Linux 4.15 does)")?;
+        let mut maps = std::collections::HashMap::new();
+        for map in ids {
+            let data = MapData::from_id(map).with_context(|| format!("opening map {map} of program {id}"))?;
+            if let Some(name) = data.info()?.name_as_str() {
+                maps.insert(name.to_owned(), data);
+            }
+        }
+        let mut take = |name: &str, key: u32, value: u32| -> anyhow::Result<(MapData, u32)> {
+            let data = maps.remove(name).with_context(|| {
+                format!("the program in the forwarder slot (id {id}) has no map {name}: is it Katran's balancer?")
+            })?;
             let info = data.info()?;
             ensure!(
                 (info.key_size(), info.value_size()) == (key, value),
@@ -57,34 +68,62 @@ impl Katran {
                 info.key_size(),
                 info.value_size()
             );
-            Ok(info.max_entries())
+            Ok((data, info.max_entries()))
         };
-        let vips = pin("vip_map")?;
-        expect("vip_map", &vips, 20, 8)?;
-        let reals = pin("reals")?;
-        expect("reals", &reals, 4, 20)?;
-        let rings = pin("ch_rings")?;
-        let positions = expect("ch_rings", &rings, 4, 4)?;
+        let (vips, _) = take("vip_map", 20, 8)?;
+        let (reals, max_reals) = take("reals", 4, 20)?;
+        let (rings, positions) = take("ch_rings", 4, 4)?;
         ensure!(
             positions == JHASH_SEED,
             "Katran's ch_rings has {positions} positions: this module assumes MAX_VIPS = 512 rings of RING_SIZE = {RING_SIZE}"
         );
-        let reals_stats = pin("reals_stats")?;
-        expect("reals_stats", &reals_stats, 4, 16)?;
-        let lru_miss_stats = pin("lru_miss_stats")?;
-        expect("lru_miss_stats", &lru_miss_stats, 4, 4)?;
-        let vip_miss_stats = pin("vip_miss_stats")?;
-        expect("vip_miss_stats", &vip_miss_stats, 4, 20)?;
+        let (reals_stats, _) = take("reals_stats", 4, 16)?;
+        let (lru_miss_stats, _) = take("lru_miss_stats", 4, 4)?;
+        let (vip_miss_stats, _) = take("vip_miss_stats", 4, 20)?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
         Ok(Katran {
             vips: HashMap::try_from(Map::HashMap(vips))?,
             reals: Array::try_from(Map::Array(reals))?,
+            max_reals,
             rings: Array::try_from(Map::Array(rings))?,
             reals_stats,
             lru_miss_stats,
             vip_miss_stats: Array::try_from(Map::Array(vip_miss_stats))?,
             cpus,
         })
+    }
+
+    /// VIP `vip`/`proto`'s `vip_num` (its ring and stats index), if Katran has the VIP.
+    pub fn vip_num(&self, vip: SocketAddrV4, proto: u8) -> anyhow::Result<Option<u32>> {
+        match self.vips.get(&vip_definition(vip, proto), 0) {
+            Ok(meta) => Ok(Some(u32::from_ne_bytes(meta[4..].try_into().unwrap()))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading Katran's vip_map for {vip}")),
+        }
+    }
+
+    /// The real id at `position` of VIP `vip_num`'s ring (0: none).
+    pub fn ring_real(&self, vip_num: u32, position: u32) -> anyhow::Result<u32> {
+        let key = vip_num * RING_SIZE + position;
+        self.rings.get(&key, 0).with_context(|| format!("reading Katran's ch_rings[{key}]"))
+    }
+
+    /// Real `id`'s IPv4 address.
+    pub fn real_address(&self, id: u32) -> anyhow::Result<Ipv4Addr> {
+        let real = self.reals.get(&id, 0).with_context(|| format!("reading Katran's reals[{id}]"))?;
+        Ok(Ipv4Addr::new(real[0], real[1], real[2], real[3]))
+    }
+
+    /// Every real id set to an address (id 0 is "no real").
+    pub fn reals(&self) -> anyhow::Result<Vec<(u32, Ipv4Addr)>> {
+        let mut set = Vec::new();
+        for id in 1..self.max_reals {
+            let addr = self.real_address(id)?;
+            if !addr.is_unspecified() {
+                set.push((id, addr));
+            }
+        }
+        Ok(set)
     }
 
     /// Adds VIP `vip`/`proto` as Katran's `vip_num` (its ring and stats index), hashing the

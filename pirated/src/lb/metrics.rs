@@ -1,5 +1,5 @@
 //! The balancer's Prometheus families: per real its weight, ring share, latency, freshness and
-//! what the forwarder sent it; per VIP the weight moves.
+//! what the forwarder sent it; per VIP the weight moves; whether the forwarder is there.
 
 use std::sync::atomic::AtomicU64;
 
@@ -35,6 +35,8 @@ pub struct Metrics {
     connections: Family<RealLabel, Counter>,
     moves: Family<VipLabel, Counter>,
     entries_moved: Family<VipLabel, Counter>,
+    forwarder_up: Gauge,
+    katran_grpc_failures: Counter,
 }
 
 impl Metrics {
@@ -66,11 +68,24 @@ impl Metrics {
             m.moves.clone(),
         );
         lb.register("ring_entries_moved", "Ring entries that changed real when weights moved", m.entries_moved.clone());
+        lb.register(
+            "forwarder_up",
+            "1 while the forwarder is in its slot (Katran: registered and its maps found), else 0",
+            m.forwarder_up.clone(),
+        );
+        lb.register(
+            "katran_grpc_failures",
+            "Calls to Katran's gRPC server that failed (each retried a second later)",
+            m.katran_grpc_failures.clone(),
+        );
         m
     }
 
     /// Publishes one epoch; the forwarder's counters are absolute, so counters advance to them.
     pub fn publish(&mut self, epoch: &LbEpoch) {
+        self.forwarder_up.set(epoch.forwarder_up.into());
+        let failures = &self.katran_grpc_failures;
+        failures.inc_by(epoch.control_failures.saturating_sub(failures.get()));
         self.latency.clear();
         for r in &epoch.reals {
             let label = RealLabel { vip: r.vip.clone(), real: r.real.to_string() };

@@ -4,5 +4,7 @@
 pub mod balancer;
 pub mod controller;
 pub mod katran;
+mod katran_driver;
+pub mod katran_grpc;
 pub mod maglev;
 pub mod metrics;

@@ -186,8 +186,8 @@ impl Run<'_> {
         let (mut pirated, _katran) = match self.forwarder {
             Forwarder::PirateLb => (tb.pirated(&format!("{head}{}", balancing::lb_config(BACKENDS, &extra)))?, None),
             Forwarder::Katran => {
-                let (pirated, katran) = tb.pirated_with_katran(&build_dir.join("katran"), &head, &extra)?;
-                (pirated, Some(katran))
+                let katran = tb.katran(&build_dir.join("katran"))?;
+                (tb.pirated_with_katran(&katran, &head, &extra)?, Some(katran))
             }
         };
         let before = tb.passive_opens()?;

@@ -16,3 +16,4 @@ pub mod lb;
 pub mod maps;
 pub mod parse;
 pub mod pirate;
+pub mod segment;

@@ -13,4 +13,6 @@ pub mod lb;
 pub mod metrics;
 pub mod parallel;
 pub mod pirate;
+pub mod rng;
+pub mod segment;
 pub mod source;

@@ -66,6 +66,20 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// LDA's mean and standard deviation against the truth on the LDA paper's synthetic
+    /// intervals (Fig. 4 and 5: Weibull delays, loss 0.01-20 %, 1024 counters). No root.
+    Lda {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// RDA against LDA at equal memory as the set difference (lost and reordered packets)
+    /// grows from 0 to 10 000 (the RDA paper's Fig. 7). No root.
+    Rda {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
     /// Static against latency-aware Maglev on the load-balancing testbed: one request per
     /// connection to 4 nginx backends, one of them limited on a trace, at three loads, with
     /// `pirate_lb` and with Katran's balancer; the clients' p50/p99 and the p99 reduction.
@@ -135,6 +149,8 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Accuracy { args } } => {
             bench("pirate-accuracy", &["pirated", "pirate-linkem"], &args)
         }
+        Task::Bench { which: Bench::Lda { args } } => bench("pirate-lda-bench", &[], &args),
+        Task::Bench { which: Bench::Rda { args } } => bench("pirate-rda-bench", &[], &args),
         Task::Bench { which: Bench::Lb { args } } => bench("pirate-lb-bench", &["pirated"], &args),
     }
 }

@@ -5,6 +5,7 @@
 use pirate_common::fridge::{pair_hash, Fridges, Sample, MAX_FRIDGES};
 
 use super::table::FridgeTable;
+use crate::rng::uniform;
 
 /// Between consecutive requests: 1 M requests a second.
 pub const REQUEST_GAP_NS: u64 = 1_000;
@@ -82,12 +83,4 @@ impl Trace {
 pub fn fractions(weighted: Vec<(u64, f64)>) -> impl Iterator<Item = (u64, f64)> {
     let total: f64 = weighted.iter().map(|w| w.1).sum();
     weighted.into_iter().map(move |(d, w)| (d, w / total))
-}
-
-/// xorshift64*: uniform in [0, 1).
-fn uniform(state: &mut u64) -> f64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
 }

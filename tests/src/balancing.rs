@@ -18,15 +18,15 @@ use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::{
     katran::{build_balancer, Katran},
     netns::{require_root, veth, Netns},
-    testbed::{metric, Pirated},
+    testbed::{metric, wait_until, Pirated},
 };
 
 pub const CLIENT_IP: &str = "10.204.1.1";
@@ -144,12 +144,9 @@ impl Balanced {
         let extra = format!("forwarder = \"katran\"\n{extra}");
         let pirated = self.pirated(&format!("{head}{}", lb_config(self.backends.len(), &extra)))?;
         katran.register(&self.forward(&pirated), 2)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let url = format!("http://{}/metrics", pirated.listen);
-        while metric(&self.lb.run(&["curl", "-sf", &url])?, "pirated_lb_forwarder_up") != 1.0 {
-            ensure!(Instant::now() < deadline, "pirated did not find Katran in its FORWARD within 10 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_until(Duration::from_secs(10), "pirated did not find Katran in its FORWARD", || {
+            Ok(metric(&pirated.metrics(&self.lb)?, "pirated_lb_forwarder_up") == 1.0)
+        })?;
         Ok(pirated)
     }
 

@@ -4,12 +4,12 @@
 use std::{
     path::{Path, PathBuf},
     process::Child,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 
-use crate::netns::Netns;
+use crate::{netns::Netns, testbed::wait_until};
 
 /// A server process in a namespace; killed (and its directory removed) on drop.
 pub struct Server {
@@ -39,15 +39,9 @@ fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
 
 /// Waits until `ss <flags>` (listening TCP or bound UDP sockets) lists `port` inside `ns`.
 fn wait_bound(ns: &Netns, flags: &str, port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let out = ns.run(&["ss", flags, &format!("sport = :{port}")])?;
-        if !out.trim().is_empty() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("nothing listens on port {port} in {} after 10 s", ns.name())
+    wait_until(Duration::from_secs(10), &format!("nothing listens on port {port} in {}", ns.name()), || {
+        Ok(!ns.run(&["ss", flags, &format!("sport = :{port}")])?.trim().is_empty())
+    })
 }
 
 /// A web page's files for nginx (name, bytes): `small` for one request at a time; `page` and its

@@ -276,6 +276,11 @@ impl Pirated {
         }
     }
 
+    /// Its /metrics page, fetched from `ns`, the namespace it runs in.
+    pub fn metrics(&self, ns: &Netns) -> Result<String> {
+        ns.run(&["curl", "-sf", &format!("http://{}/metrics", self.listen)])
+    }
+
     /// SIGTERM, then waits for a clean exit; returns all JSON lines.
     pub fn stop(&mut self) -> Result<Vec<Value>> {
         // SAFETY: signalling our own child.
@@ -361,6 +366,18 @@ pub fn metric(text: &str, name_and_labels: &str) -> f64 {
         .find(|l| l.split_whitespace().next() == Some(name_and_labels))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or_else(|| panic!("{name_and_labels} not in metrics:\n{text}"))
+}
+
+/// Polls `done` every 50 ms until it holds; after `timeout`, an error: `what` did not happen.
+pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done()? {
+        if Instant::now() > deadline {
+            bail!("{what} within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 /// pirated's per-epoch estimates in `lines` for one flow (`Of::Flow(client addr:port)`) or one

@@ -2,12 +2,7 @@
 //! (`pirate_tests::balancing`): real clients reach a VIP, real servers behind it answer
 //! directly, and the backends' own connection counts are the truth.
 
-use std::{
-    net::SocketAddrV4,
-    path::PathBuf,
-    thread,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddrV4, path::PathBuf, thread, time::Duration};
 
 use anyhow::{ensure, Result};
 use pirate_tests::{
@@ -16,7 +11,7 @@ use pirate_tests::{
     katran::counter,
     katran_server::KatranServer,
     servers,
-    testbed::{metric, Pirated},
+    testbed::{metric, wait_until, Pirated},
 };
 
 const BACKENDS: usize = 4;
@@ -55,7 +50,7 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
     // Anything else to the balancer's interface passes: its own address answers pings.
     tb.client.run(&["ping", "-c", "3", "-i", "0.2", "-W", "1", &balancing::LB_IP.to_string()])?;
     thread::sleep(Duration::from_millis(1200));
-    let page = tb.lb.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let page = pirated.metrics(&tb.lb)?;
     for (i, n) in opened.iter().enumerate() {
         let label = format!(
             "pirated_lb_real_connections_total{{vip=\"{}:{}/tcp\",real=\"{}\"}}",
@@ -100,11 +95,9 @@ fn katran_forwards_as_pirated_weighs() -> Result<()> {
     let restarted = tb.katran(&build_dir().join("katran"))?;
     restarted.register(&tb.forward(&pirated), 2)?;
     let (vip, tcp) = (SocketAddrV4::new(balancing::VIP, balancing::VIP_PORT), libc::IPPROTO_TCP as u8);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while restarted.vip_num(vip, tcp)?.is_none() {
-        ensure!(Instant::now() < deadline, "pirated did not give the restarted Katran its VIP in 10 s");
-        thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), "pirated did not give the restarted Katran its VIP", || {
+        Ok(restarted.vip_num(vip, tcp)?.is_some())
+    })?;
     let before = tb.passive_opens()?;
     let connects = clients::short_connections(&tb.client, balancing::vip(), 100.0, Duration::from_secs(1))?;
     let opened = tb.opened_since(&before)?;
@@ -128,20 +121,12 @@ fn katran_server_takes_the_weights_over_grpc() -> Result<()> {
     let listen = "127.0.0.1:50051";
     let extra = format!("katran_grpc = \"http://{listen}\"\n");
     let pirated = tb.pirated_with_katran(&katran, "epoch = \"500ms\"\n", &extra)?;
-    let url = format!("http://{}/metrics", pirated.listen);
-    let failures =
-        || -> Result<f64> { Ok(metric(&tb.lb.run(&["curl", "-sf", &url])?, "pirated_lb_katran_grpc_failures_total")) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while failures()? == 0.0 {
-        ensure!(Instant::now() < deadline, "no failed call counted in 10 s with no server");
-        thread::sleep(Duration::from_millis(100));
-    }
+    let failures = || -> Result<f64> { Ok(metric(&pirated.metrics(&tb.lb)?, "pirated_lb_katran_grpc_failures_total")) };
+    wait_until(Duration::from_secs(10), "no failed call counted with no server", || Ok(failures()? > 0.0))?;
     let server = KatranServer::start(&tb.lb, listen.parse()?, katran.clone())?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.calls("modifyRealsForVip") == 0 {
-        ensure!(Instant::now() < deadline, "no weights reached Katran's server in 10 s");
-        thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), "no weights reached Katran's server", || {
+        Ok(server.calls("modifyRealsForVip") > 0)
+    })?;
     let vip = SocketAddrV4::new(balancing::VIP, balancing::VIP_PORT);
     eprintln!("{} failed calls before the server; it has {:?}", failures()?, server.weights(vip));
     slow_real_loses_new_connections(&tb, &pirated)?;

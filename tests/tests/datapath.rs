@@ -62,7 +62,7 @@ fn counts_every_packet_and_passes_it() -> Result<()> {
     // Non-UDP/TCP traffic: counted as unsupported, passed on too.
     tb.client.run(&["ping", "-c", "5", "-i", "0.05", "-q", SERVER_IP])?;
     std::thread::sleep(Duration::from_millis(700));
-    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let metrics = pirated.metrics(&tb.vp)?;
     let lines = pirated.stop()?;
 
     assert_eq!(received.load(Ordering::Relaxed), N, "every datagram must reach the server");
@@ -160,7 +160,7 @@ fn malformed_frames_are_counted_and_passed() -> Result<()> {
     let before = snmp_counter(&tb.vp, "Ip", "InHdrErrors")?;
     tb.client.run_in(|| send_frames("c-vp", &frames))??;
     std::thread::sleep(Duration::from_millis(500));
-    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let metrics = pirated.metrics(&tb.vp)?;
     let after = snmp_counter(&tb.vp, "Ip", "InHdrErrors")?;
     pirated.stop()?;
     assert_eq!(metric(&metrics, "pirated_packets_total{outcome=\"malformed\"}"), 100);
@@ -214,7 +214,7 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
         socks.push(sock);
     }
     std::thread::sleep(Duration::from_millis(500));
-    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let metrics = pirated.metrics(&tb.vp)?;
     pirated.stop()?;
     assert_eq!(received.load(Ordering::Relaxed), 3 * FLOWS, "every datagram reaches the server");
     let tracked = metric(&metrics, "pirated_flows_tracked");
@@ -327,7 +327,7 @@ fn restarts_keep_every_flows_state_under_traffic() -> Result<()> {
     let mut third = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("{config}on_exit = \"detach\"\n"))?;
     let sent = sender.join().unwrap()?;
     // The counters as published once the epoch holding the last packet has closed.
-    let scrape = || tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", third.listen)]);
+    let scrape = || third.metrics(&tb.vp);
     let open = metric(&scrape()?, "pirated_epochs_total");
     let deadline = Instant::now() + Duration::from_secs(5);
     let metrics = loop {

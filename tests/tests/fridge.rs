@@ -243,7 +243,7 @@ fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
             && v["class"] == "tcp-handshake"
             && v["window_samples"].as_u64().is_some_and(|n| n >= CONNECTIONS as u64)
     })?;
-    let metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let metrics = pirated.metrics(&tb.vp)?;
     drop(pirated);
     emu.stop()?;
     let p50_ms = line["quantiles_ns"]["p50"].as_f64().context("no p50")? / 1e6;

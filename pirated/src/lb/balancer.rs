@@ -207,7 +207,7 @@ impl Balancer {
     fn real_counters(&self, dp: &Datapath, pool: &Pool, real: usize) -> anyhow::Result<RealCounters> {
         match &self.forwarder {
             Forwarder::Builtin => dp.real_counters(pool.first + real as u32),
-            Forwarder::Katran(driver) => driver.real_counters(pool.reals[real]),
+            Forwarder::Katran(driver) => driver.real_counters(pool, real),
         }
     }
 

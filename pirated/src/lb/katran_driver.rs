@@ -2,7 +2,10 @@
 //! and again when another program takes the slot), given the VIPs, reals and weights, through its
 //! maps or its own gRPC server, and read for each flow's real and each real's counters.
 
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
 
 use pirate_common::{key::FlowKey, lb::RealCounters};
 use tracing::{info, warn};
@@ -27,7 +30,8 @@ pub struct Driver {
     refused: Option<u32>,
     /// Each pool's `vip_num`, once Katran has the VIP.
     vip_nums: Vec<Option<u32>>,
-    /// Real ids read this epoch, and each address's id in Katran.
+    /// Real ids read this epoch, and (with Katran's server, which numbers the reals) each
+    /// address's id.
     addresses: HashMap<u32, Ipv4Addr>,
     ids: HashMap<Ipv4Addr, u32>,
     /// Each flow's real (its position in the pool) and the epoch it was last seen.
@@ -65,7 +69,8 @@ impl Driver {
     /// looked for (its server adds them when it gets there).
     pub fn refresh(&mut self, dp: &Datapath, pools: &[Pool]) -> anyhow::Result<()> {
         let id = dp.forwarder_program(self.position)?;
-        if id != self.found.as_ref().map(|(id, _)| *id) {
+        // A program refused once is not looked at again: a new one has a new id.
+        if id != self.found.as_ref().map(|(id, _)| *id) && (id.is_none() || id != self.refused) {
             if let Some((old, _)) = self.found.take() {
                 warn!(program = old, slot = self.position, "Katran's balancer left the forwarder slot");
             }
@@ -79,11 +84,10 @@ impl Driver {
                         self.found = Some((id, Box::new(maps)));
                         self.install(pools)?;
                     }
-                    Err(e) if self.refused != Some(id) => {
+                    Err(e) => {
                         warn!(program = id, "not driving the forwarder slot's program: {e:#}");
                         self.refused = Some(id);
                     }
-                    Err(_) => {}
                 }
             }
         }
@@ -93,8 +97,8 @@ impl Driver {
                 self.vip_nums[v] = maps.vip_num(pool.address, pool.proto.number())?;
             }
         }
-        if pools.iter().flat_map(|p| &p.reals).any(|r| !self.ids.contains_key(r)) {
-            let ours: Vec<Ipv4Addr> = pools.iter().flat_map(|p| p.reals.iter().copied()).collect();
+        if self.grpc.is_some() && pools.iter().flat_map(|p| &p.reals).any(|r| !self.ids.contains_key(r)) {
+            let ours: HashSet<Ipv4Addr> = pools.iter().flat_map(|p| p.reals.iter().copied()).collect();
             for (id, addr) in maps.reals()? {
                 if ours.contains(&addr) {
                     self.ids.entry(addr).or_insert(id);
@@ -115,7 +119,6 @@ impl Driver {
         for pool in pools {
             for (i, &addr) in pool.reals.iter().enumerate() {
                 maps.set_real(pool.first + i as u32, addr)?;
-                self.ids.insert(addr, pool.first + i as u32);
             }
         }
         for (v, pool) in pools.iter().enumerate() {
@@ -146,7 +149,9 @@ impl Driver {
                 addr
             }
         };
-        self.ids.insert(addr, id);
+        if self.grpc.is_some() {
+            self.ids.insert(addr, id);
+        }
         let Some(real) = pool.reals.iter().position(|&r| r == addr) else { return Ok(None) };
         self.seen.insert(*key, (real, epoch));
         Ok(Some(real))
@@ -165,10 +170,15 @@ impl Driver {
         }
     }
 
-    /// What Katran sent real `addr`, if Katran and the real are known.
-    pub fn real_counters(&self, addr: Ipv4Addr) -> anyhow::Result<RealCounters> {
-        match (&self.found, self.ids.get(&addr)) {
-            (Some((_, maps)), Some(&id)) => maps.real_counters(id),
+    /// What Katran sent `pool`'s real `real`, if Katran and the real are known: its id is the
+    /// datapath index where pirated writes the maps, Katran's server's own otherwise.
+    pub fn real_counters(&self, pool: &Pool, real: usize) -> anyhow::Result<RealCounters> {
+        let id = match self.grpc {
+            None => Some(pool.first + real as u32),
+            Some(_) => self.ids.get(&pool.reals[real]).copied(),
+        };
+        match (&self.found, id) {
+            (Some((_, maps)), Some(id)) => maps.real_counters(id),
             _ => Ok(RealCounters::default()),
         }
     }

@@ -101,7 +101,7 @@ pub struct RdaEstimate {
 /// in it (same XOR of identities and count).
 pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEstimate {
     let usable = |u: &RdaBucket, d: &RdaBucket| u.id_xor == d.id_xor && u.count == d.count && u.count > 0;
-    let (mut out, mut sums, mut filled) = (RdaEstimate::default(), Sums::default(), 0usize);
+    let (mut out, mut sums, mut filled, mut usable_buckets) = (RdaEstimate::default(), Sums::default(), 0usize, 0usize);
     for bank in 0..shape.banks as usize {
         let n = shape.buckets as usize;
         let (up, down) = (&up[bank * n..][..n], &down[bank * n..][..n]);
@@ -111,6 +111,7 @@ pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEs
             if !usable(u, d) {
                 continue;
             }
+            usable_buckets += 1;
             let delays = difference(u.ts_sum, d.ts_sum);
             sums.delays += delays;
             sums.samples += u.count as u64;
@@ -125,7 +126,7 @@ pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEs
     }
     out.usable = match filled {
         0 => 0.0,
-        _ => (0..up.len()).filter(|&i| usable(&up[i], &down[i])).count() as f64 / filled as f64,
+        _ => usable_buckets as f64 / filled as f64,
     };
     out.samples = sums.samples;
     out.figures = sums.figures(sums.samples / shape.banks as u64);

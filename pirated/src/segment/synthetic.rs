@@ -43,6 +43,14 @@ pub struct Spec {
     pub reordered: usize,
 }
 
+impl Spec {
+    /// The LDA paper's setting, which the RDA paper reuses, in picoseconds: packets 200 ns apart
+    /// (5 M a second), Weibull delays of scale 0.133 µs and shape 0.6 (mean 0.2 µs).
+    pub fn papers(packets: usize, loss: Loss, reordered: usize) -> Spec {
+        Spec { packets, gap: 200_000, delay: Weibull { scale: 133_000.0, shape: 0.6 }, loss, reordered }
+    }
+}
+
 /// One interval as both points saw it: (identity, timestamp), in no particular order (both
 /// aggregators add up, so order does not matter to them).
 pub struct Interval {

@@ -66,7 +66,7 @@ fn main() -> Result<()> {
         let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "")?;
         let truth = (case.run)(&tb)?;
         if i == cases.len() - 1 {
-            metrics = tb.vp.run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+            metrics = pirated.metrics(&tb.vp)?;
         }
         let lines = pirated.stop()?;
         emu.stop()?;
@@ -167,7 +167,7 @@ fn fridges() -> Result<()> {
         Ok(())
     })?;
     std::thread::sleep(Duration::from_millis(200));
-    let metrics = tb.monitor.as_ref().unwrap().run(&["curl", "-sf", &format!("http://{}/metrics", pirated.listen)])?;
+    let metrics = pirated.metrics(tb.monitor.as_ref().unwrap())?;
     let lines = pirated.stop()?;
     emu.stop()?;
     let mut truth = Pairs::of(&capture.frames()?)?;

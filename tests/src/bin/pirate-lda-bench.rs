@@ -15,7 +15,7 @@ use pirated::{
     parallel,
     segment::{
         lda::{estimate, record, tuned, ALPHA},
-        synthetic::{Interval, Loss, Spec, Weibull},
+        synthetic::{Interval, Loss, Spec},
     },
 };
 
@@ -46,13 +46,7 @@ struct Figures {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let spec = |loss| Spec {
-        packets: args.packets,
-        gap: 200_000,
-        delay: Weibull { scale: 133_000.0, shape: 0.6 },
-        loss: Loss::Rate(loss),
-        reordered: 0,
-    };
+    let spec = |loss| Spec::papers(args.packets, Loss::Rate(loss), 0);
     println!(
         "LDA, {} packets an interval, Weibull delays (mean 0.2 µs, shape 0.6), {} counters, {} runs per loss rate\n",
         args.packets, args.counters, args.runs

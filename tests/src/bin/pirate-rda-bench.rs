@@ -17,7 +17,7 @@ use pirated::{
     segment::{
         lda::{self, tuned, ALPHA},
         rda::{self, decode, remove},
-        synthetic::{Interval, Loss, Spec, Weibull},
+        synthetic::{Interval, Loss, Spec},
     },
 };
 
@@ -61,13 +61,7 @@ fn main() -> Result<()> {
     );
     let mut exact_until = None;
     for (i, &d) in args.differences.iter().enumerate() {
-        let spec = Spec {
-            packets: args.packets,
-            gap: 200_000,
-            delay: Weibull { scale: 133_000.0, shape: 0.6 },
-            loss: Loss::Count(d / 2),
-            reordered: d - d / 2,
-        };
+        let spec = Spec::papers(args.packets, Loss::Count(d / 2), d - d / 2);
         let runs: Vec<u64> = (0..args.runs).collect();
         let per_run = parallel::map(&runs, |&run| {
             let interval = Interval::new(spec, 0x5244_4100 + i as u64, 0x2d5 + run);

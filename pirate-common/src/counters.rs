@@ -50,7 +50,13 @@ pub const EVENT_LB_ROUTED: u32 = 17;
 /// tagged frame, no room): passed on unchanged.
 pub const EVENT_LB_UNFORWARDED: u32 = 18;
 
-pub const COUNT: u32 = 19;
+/// Event: `segment` recorded the packet (into its interval's banks).
+pub const EVENT_SEGMENT_RECORDED: u32 = 19;
+/// Event: a packet the RDA took could not be handed to pirated's packet cache (its ring buffer
+/// full): if only one point saw it, its buckets cannot be repaired.
+pub const EVENT_SEGMENT_CACHE_LOST: u32 = 20;
+
+pub const COUNT: u32 = 21;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -73,6 +79,8 @@ pub const NAMES: [&str; COUNT as usize] = [
     "lb_forwarded",
     "lb_routed",
     "lb_unforwarded",
+    "segment_recorded",
+    "segment_cache_lost",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

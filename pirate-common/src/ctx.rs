@@ -8,7 +8,9 @@ use crate::key::FlowKey;
 pub const CHAIN_PIRATE: u32 = 0;
 /// `CHAIN` slot of `fridge` (request→response delays).
 pub const CHAIN_FRIDGE: u32 = 1;
-/// Slots in `CHAIN`: `pirate`, `fridge`, and the ones the two-point programs will take.
+/// `CHAIN` slot of `segment` (two-point one-way latency banks).
+pub const CHAIN_SEGMENT: u32 = 2;
+/// Slots in `CHAIN`: `pirate`, `fridge`, `segment`, and one the next two-point program takes.
 pub const CHAIN_SLOTS: u32 = 4;
 /// Slots in `FORWARD`, Katran's root-array convention: a balancer registers itself at a
 /// configured position (Katran's `rootMapPos`, default 2); the first filled slot takes the

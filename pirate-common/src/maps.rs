@@ -4,7 +4,7 @@
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -58,7 +58,18 @@ pub const LB_CONNS: &str = "LB_CONNS";
 /// Per-CPU `lb::RealCounters` by real index.
 pub const LB_COUNTERS: &str = "LB_COUNTERS";
 
-pub const ALL: [&str; 22] = [
+/// The segment's shape (`segment::SegmentShape`), written by pirated.
+pub const SEGMENT_SHAPE: &str = "SEGMENT_SHAPE";
+/// Per-CPU, per half: the packets recorded and their interval (`segment::Seen`).
+pub const SEGMENT_SEEN: &str = "SEGMENT_SEEN";
+/// Per-CPU LDA cells, both halves (`segment::lda::LdaCell`).
+pub const SEGMENT_LDA: &str = "SEGMENT_LDA";
+/// Per-CPU RDA buckets, both halves (`segment::rda::RdaBucket`).
+pub const SEGMENT_RDA: &str = "SEGMENT_RDA";
+/// The packets the RDA took (`segment::CacheEntry`), to pirated's packet cache.
+pub const SEGMENT_CACHE: &str = "SEGMENT_CACHE";
+
+pub const ALL: [&str; 27] = [
     CONFIG,
     EPOCH,
     COUNTERS,
@@ -81,4 +92,9 @@ pub const ALL: [&str; 22] = [
     LB_REALS,
     LB_CONNS,
     LB_COUNTERS,
+    SEGMENT_SHAPE,
+    SEGMENT_SEEN,
+    SEGMENT_LDA,
+    SEGMENT_RDA,
+    SEGMENT_CACHE,
 ];

@@ -1,5 +1,5 @@
 //! pirated's XDP programs. `pirate_root` attaches to the interface, parses each frame once and
-//! tail-calls the enabled capabilities (`pirate`, `fridge`) in `CHAIN` order, then the forwarder slots
+//! tail-calls the enabled capabilities (`pirate`, `fridge`, `segment`) in `CHAIN` order, then the forwarder slots
 //! (Katran's balancer or the built-in `pirate_lb`), then passes.
 //! Measuring programs never drop or alter a packet: every failure is counted and passed on.
 #![no_std]
@@ -13,6 +13,7 @@ mod lb;
 mod maps;
 mod pirate;
 mod root;
+mod segment;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 

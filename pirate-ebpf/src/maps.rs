@@ -19,6 +19,7 @@ use pirate_common::{
         config::{Params, MODES_COMPACT, MODES_WIDE},
         table::Set,
     },
+    segment::{lda::LdaCell, rda::RdaBucket, Seen, SegmentShape},
 };
 
 /// Written once by pirated before attaching.
@@ -91,6 +92,22 @@ pub static LB_CONNS: LruHashMap<FlowId, u32> = LruHashMap::pinned(1, 0);
 /// What each real was sent.
 #[map]
 pub static LB_COUNTERS: PerCpuArray<RealCounters> = PerCpuArray::pinned(MAX_REALS, 0);
+
+/// The segment's shape, written by pirated (`interval_ns` 0: off).
+#[map]
+pub static SEGMENT_SHAPE: Array<SegmentShape> = Array::pinned(1, 0);
+/// Per half, the packets this CPU recorded and their interval.
+#[map]
+pub static SEGMENT_SEEN: PerCpuArray<Seen> = PerCpuArray::pinned(2, 0);
+/// LDA cells, both halves; pirated sizes it. Per CPU: every sum adds up across CPUs.
+#[map]
+pub static SEGMENT_LDA: PerCpuArray<LdaCell> = PerCpuArray::pinned(1, 0);
+/// RDA buckets, both halves; pirated sizes it. Per CPU: XORs and sums merge across CPUs.
+#[map]
+pub static SEGMENT_RDA: PerCpuArray<RdaBucket> = PerCpuArray::pinned(1, 0);
+/// Packets the RDA took, to pirated's cache; pirated sizes it.
+#[map]
+pub static SEGMENT_CACHE: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
 #[inline(always)]
 pub fn count(index: u32) {

@@ -11,6 +11,9 @@ use std::{
 
 use anyhow::Context;
 use pirate_common::pirate::batch_break::BreakRules;
+
+pub mod segment;
+use segment::SegmentConfig;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -29,6 +32,7 @@ pub struct Config {
     pub pirate: PirateConfig,
     pub fridge: FridgeConfig,
     pub lb: LbConfig,
+    pub segment: SegmentConfig,
     pub metrics: MetricsConfig,
 }
 
@@ -220,6 +224,7 @@ impl Default for Config {
             pirate: PirateConfig::default(),
             fridge: FridgeConfig::default(),
             lb: LbConfig::default(),
+            segment: SegmentConfig::default(),
             metrics: MetricsConfig::default(),
         }
     }
@@ -400,6 +405,7 @@ impl Config {
         }
         self.fridge.validate()?;
         self.lb.validate()?;
+        self.segment.validate()?;
         for (key, v) in [
             ("min_mode_share", p.min_mode_share),
             ("min_time_share", p.min_time_share),

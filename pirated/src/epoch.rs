@@ -6,10 +6,9 @@ use std::{
     io::Write,
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
-use anyhow::Context;
 use tokio::{
     io::{unix::AsyncFd, Interest},
     time::{interval, MissedTickBehavior},
@@ -64,7 +63,7 @@ pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Res
 }
 
 /// The ring buffer's descriptor, owned by the live source, registered for readiness only.
-struct Borrowed(std::os::fd::RawFd);
+pub(crate) struct Borrowed(std::os::fd::RawFd);
 
 impl std::os::fd::AsRawFd for Borrowed {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
@@ -104,23 +103,23 @@ async fn empty_when_ready(
 ///
 /// # Safety
 /// `fd` must stay open while the returned value lives (the live source owns it).
-unsafe fn watch(fd: std::os::fd::RawFd, what: &str) -> anyhow::Result<AsyncFd<Borrowed>> {
+pub(crate) unsafe fn watch(fd: std::os::fd::RawFd, what: &str) -> anyhow::Result<AsyncFd<Borrowed>> {
     // SAFETY: the caller keeps `fd` open.
     unsafe { AsyncFd::register_with_interest(Borrowed(fd), Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching {what}: {e}"))
 }
 
 /// Runs epochs until `shutdown` resolves; the partial epoch is closed and reported then too, as
-/// replay does.
+/// replay does. With `lines`, each epoch's JSON lines go there too.
 pub async fn run(
     config: &Config,
     live: &mut Live,
     metrics: Arc<Mutex<Metrics>>,
-    json: bool,
+    lines: Option<&JsonLines>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let json = lines.is_some();
     let pipeline = Pipeline::new(config, json);
-    let lines = if json { Some(JsonLines::spawn().context("starting the JSON lines writer")?) } else { None };
     // SAFETY: the ring buffers' descriptors belong to `live`, which outlives these (this
     // function).
     let ring = unsafe { watch(live.records_fd(), "the hand-over ring buffer")? };
@@ -198,9 +197,6 @@ pub async fn run(
         }
         debug!(epoch = report.epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {
-            if let Some(lines) = lines {
-                lines.finish(Duration::from_secs(2));
-            }
             return Ok(());
         }
         (flows, scratch) = report.into_buffers();

@@ -17,9 +17,16 @@ use std::{
 const QUEUE: usize = 4;
 
 pub struct JsonLines {
+    sender: Lines,
+    writer: JoinHandle<()>,
+}
+
+/// A handle that queues lines for the writer, for a task besides the epoch loop (the segment's
+/// intervals).
+#[derive(Clone)]
+pub struct Lines {
     queue: SyncSender<Vec<u8>>,
     closed: Arc<AtomicBool>,
-    writer: JoinHandle<()>,
 }
 
 /// What became of one epoch's lines.
@@ -49,13 +56,13 @@ impl JsonLines {
                 }
             }
         })?;
-        Ok(JsonLines { queue, closed, writer })
+        Ok(JsonLines { sender: Lines { queue, closed }, writer })
     }
 
     /// Writes what is queued, waiting at most `patience` for a stalled reader, when pirated
     /// stops: its last epoch's lines are the partial epoch it closed.
     pub fn finish(self, patience: Duration) {
-        drop(self.queue);
+        drop(self.sender);
         let deadline = Instant::now() + patience;
         while !self.writer.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -63,6 +70,17 @@ impl JsonLines {
     }
 
     /// Queues one epoch's lines without waiting.
+    pub fn send(&self, lines: Vec<u8>) -> Sent {
+        self.sender.send(lines)
+    }
+
+    pub fn lines(&self) -> Lines {
+        self.sender.clone()
+    }
+}
+
+impl Lines {
+    /// Queues lines without waiting.
     pub fn send(&self, lines: Vec<u8>) -> Sent {
         if self.closed.load(Ordering::Relaxed) {
             return Sent::Closed;

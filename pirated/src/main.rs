@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
-use pirated::{config::Config, datapath::Datapath, epoch, metrics, source::live::Live};
+use pirated::{config::Config, datapath::Datapath, epoch, json::JsonLines, metrics, segment, source::live::Live};
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
 ///
@@ -168,11 +168,24 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("binding the metrics listener on {}", config.metrics.listen))?;
         tracing::info!(listen = %config.metrics.listen, "serving /metrics");
         let shutdown = shutdown_signal()?;
-        let mut live = Live::new(Datapath::attach(&config)?, &config)?;
+        let lines = match args.output == Some(Output::Json) {
+            true => Some(JsonLines::spawn().context("starting the JSON lines writer")?),
+            false => None,
+        };
+        let mut dp = Datapath::attach(&config)?;
+        let segment =
+            segment::live::spawn(&config.segment, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines())).await?;
+        let mut live = Live::new(dp, &config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
-        let json = args.output == Some(Output::Json);
-        let result = epoch::run(&config, &mut live, metrics, json, shutdown).await;
+        let result = epoch::run(&config, &mut live, metrics, lines.as_ref(), shutdown).await;
         server.abort();
+        if let Some(segment) = segment {
+            segment.abort();
+            let _ = segment.await;
+        }
+        if let Some(lines) = lines {
+            lines.finish(std::time::Duration::from_secs(2));
+        }
         tracing::info!("stopping");
         drop(live);
         result

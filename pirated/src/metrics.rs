@@ -27,6 +27,7 @@ use crate::{
     fridge::{self, report::FridgeReport},
     lb::{self, balancer::LbEpoch},
     pirate::{self, report::EpochReport},
+    segment,
     source::Kernel,
 };
 
@@ -40,6 +41,8 @@ pub struct Metrics {
     pirate: pirate::metrics::Metrics,
     fridge: fridge::metrics::Metrics,
     lb: lb::metrics::Metrics,
+    /// The segment's families, which its own task publishes.
+    pub segment: segment::metrics::Metrics,
     last_epoch: Gauge<f64, AtomicU64>,
     tail_call_misses: Counter,
     packets: Family<OutcomeLabel, Counter>,
@@ -64,10 +67,12 @@ impl Metrics {
         let pirate = pirate::metrics::Metrics::register(&mut registry);
         let fridge = fridge::metrics::Metrics::register(&mut registry);
         let lb = lb::metrics::Metrics::register(&mut registry);
+        let segment = segment::metrics::Metrics::register(&mut registry);
         let m = Metrics {
             pirate,
             fridge,
             lb,
+            segment,
             last_epoch: Gauge::default(),
             tail_call_misses: Counter::default(),
             packets: Family::default(),

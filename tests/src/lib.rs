@@ -12,4 +12,5 @@ pub mod netns;
 pub mod pairs;
 pub mod servers;
 pub mod testbed;
+pub mod twopoint;
 pub mod webclient;

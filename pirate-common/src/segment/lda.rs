@@ -25,12 +25,16 @@ pub struct LdaShape {
 }
 
 /// One row: the sum of the timestamps of the packets hashed to it (wrapping: both points wrap
-/// alike, and only differences are used) and their count.
+/// alike, and only differences are used), their count, and the XOR of their identities. The
+/// paper's row is the first two; with them alone, a row that lost one packet and gained another
+/// (one sent late in the interval before, arriving in this one) passes for usable with a delay
+/// off by the interval's length. The XOR tells it apart.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LdaCell {
     pub ts_sum: u64,
     pub count: u64,
+    pub id_xor: u64,
 }
 
 #[cfg(feature = "user")]
@@ -68,11 +72,17 @@ impl LdaShape {
 }
 
 impl LdaCell {
-    /// Adds a packet seen at `ts`.
+    /// Adds packet `id` seen at `ts`.
     #[inline(always)]
-    pub fn add(&mut self, ts: u64) {
+    pub fn add(&mut self, id: u64, ts: u64) {
         self.ts_sum = self.ts_sum.wrapping_add(ts);
         self.count += 1;
+        self.id_xor ^= id;
+    }
+
+    /// Whether both points' rows hold the same packets (as far as count and XOR tell).
+    pub fn matches(&self, other: &LdaCell) -> bool {
+        self.count == other.count && self.id_xor == other.id_xor
     }
 }
 

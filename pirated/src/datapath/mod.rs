@@ -9,6 +9,7 @@ pub mod memlock;
 mod mmap;
 pub mod percpu;
 pub mod pins;
+pub mod segment;
 pub mod table;
 pub mod test_run;
 
@@ -31,10 +32,11 @@ use aya::{
 };
 use pirate_common::{
     counters,
-    ctx::{CHAIN_FRIDGE, CHAIN_PIRATE},
+    ctx::{CHAIN_FRIDGE, CHAIN_PIRATE, CHAIN_SEGMENT},
     fridge::{Fridges, MAX_FRIDGES},
     maps,
     pirate::{layout::Layout, table::sets_for},
+    segment::SegmentShape,
 };
 use tracing::{info, warn};
 
@@ -56,12 +58,15 @@ pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/pirated";
 const ROOT: &str = "pirate_root";
 /// The fridge capability's program.
 const FRIDGE: &str = "fridge";
+/// The segment capability's program.
+const SEGMENT: &str = "segment";
 
 /// A measuring program of the chain, at its `CHAIN` slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Capability {
     Pirate,
     Fridge,
+    Segment,
 }
 
 pub struct Datapath {
@@ -70,6 +75,7 @@ pub struct Datapath {
     /// The capabilities' programs, to put into (or take out of) their `CHAIN` slots.
     pirate: ProgramFd,
     fridge: ProgramFd,
+    segment: ProgramFd,
     /// Size of `pirate`'s hand-over ring buffer.
     ring_bytes: u32,
     /// `pirate`'s flow table, mapped.
@@ -123,6 +129,9 @@ impl Datapath {
             .set_max_entries(maps::FRIDGE_SAMPLES, config.fridge.ring_bytes)
             .set_max_entries(maps::LB_RINGS, lb_ring_entries(config))
             .set_max_entries(maps::LB_CONNS, config.lb.max_connections)
+            .set_max_entries(maps::SEGMENT_LDA, config.segment.map_entries().0)
+            .set_max_entries(maps::SEGMENT_RDA, config.segment.map_entries().1)
+            .set_max_entries(maps::SEGMENT_CACHE, config.segment.cache_ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
@@ -168,6 +177,8 @@ impl Datapath {
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let fridge_program: &Xdp = ebpf.program(FRIDGE).unwrap().try_into()?;
         let fridge = fridge_program.fd()?.try_clone().context("duplicating the fridge program's descriptor")?;
+        let segment_program: &Xdp = ebpf.program(SEGMENT).unwrap().try_into()?;
+        let segment = segment_program.fd()?.try_clone().context("duplicating the segment program's descriptor")?;
         let table = FlowTable::map(array(&ebpf, layout.flows_map())?).context("mapping the flow table")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
         let rings = mmap::Mapped::of(array(&ebpf, maps::LB_RINGS)?).context("mapping LB_RINGS")?;
@@ -176,6 +187,7 @@ impl Datapath {
             layout,
             pirate,
             fridge,
+            segment,
             ring_bytes,
             table,
             epoch,
@@ -188,6 +200,11 @@ impl Datapath {
         dp.set_fridge_shape(config.fridge.shape())?;
         dp.chain(Capability::Pirate, true)?;
         dp.chain(Capability::Fridge, config.fridge.enabled)?;
+        let segment = config.segment.shape();
+        Array::<_, SegmentShape>::try_from(dp.ebpf.map_mut(maps::SEGMENT_SHAPE).unwrap())?
+            .set(0, segment, 0)
+            .context("writing SEGMENT_SHAPE")?;
+        dp.chain(Capability::Segment, config.segment.enabled())?;
         Ok(dp)
     }
 
@@ -197,6 +214,7 @@ impl Datapath {
         let (slot, program) = match capability {
             Capability::Pirate => (CHAIN_PIRATE, &self.pirate),
             Capability::Fridge => (CHAIN_FRIDGE, &self.fridge),
+            Capability::Segment => (CHAIN_SEGMENT, &self.segment),
         };
         let mut chain = ProgramArray::try_from(self.ebpf.map_mut(maps::CHAIN).unwrap())?;
         if on {
@@ -384,8 +402,8 @@ impl Drop for Datapath {
 }
 
 /// Every program of the chain pirated loads, the root first.
-fn programs(layout: Layout) -> [&'static str; 5] {
-    [ROOT, layout.program(), layout.flow_program(), FRIDGE, lb::LB]
+fn programs(layout: Layout) -> [&'static str; 6] {
+    [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, lb::LB]
 }
 
 /// Entries of `LB_RINGS`: two rings per VIP (one entry without VIPs: maps are never empty).
@@ -443,8 +461,13 @@ fn layout_tag(config: &Config) -> String {
     let layout = Layout::for_modes(config.pirate.modes);
     let fridge_slots = config.fridge.shape().slots();
     let (rings, conns) = (lb_ring_entries(config), config.lb.max_connections);
-    format!("v{}-{layout:?}-flows{}-fridge{fridge_slots}-lb{rings}x{conns}", maps::LAYOUT_VERSION, config.max_flows)
-        .to_lowercase()
+    let (lda, rda) = config.segment.map_entries();
+    format!(
+        "v{}-{layout:?}-flows{}-fridge{fridge_slots}-lb{rings}x{conns}-segment{lda}x{rda}",
+        maps::LAYOUT_VERSION,
+        config.max_flows
+    )
+    .to_lowercase()
 }
 
 /// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header

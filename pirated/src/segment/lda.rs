@@ -1,7 +1,7 @@
 //! LDA's estimators (Kompella et al. §III-D, III-E): the mean delay over the usable rows (the
-//! same packet count at both points), the second moment over usable ± collapsed row pairs
-//! (rows 2i and 2i + 1 of a bank, the row hash's low bit as the sign), the standard deviation
-//! from both, and the loss the banks saw, scaled by their sampling probabilities.
+//! same packets at both points), the variance over usable ± collapsed row pairs (rows 2i and
+//! 2i + 1 of a bank, the row hash's low bit as the side), and the loss the banks saw, scaled by
+//! their sampling probabilities.
 
 use pirate_common::segment::lda::{LdaCell, LdaShape, MAX_BANKS};
 
@@ -50,7 +50,7 @@ pub fn record(shape: &LdaShape, packets: &[(u64, u64)]) -> Vec<LdaCell> {
     let mut cells = vec![LdaCell::default(); shape.cells()];
     for &(id, ts) in packets {
         if let Some(c) = shape.cell(id) {
-            cells[c as usize].add(ts);
+            cells[c as usize].add(id, ts);
         }
     }
     cells
@@ -67,17 +67,16 @@ pub fn estimate(shape: &LdaShape, up: &[LdaCell], down: &[LdaCell]) -> LdaEstima
         out.sampled_down += received;
         out.lost += sent.saturating_sub(received) as f64 / shape.probability(bank);
         for (u, d) in up.iter().zip(down) {
-            if u.count == d.count && u.count > 0 {
+            if u.matches(d) && u.count > 0 {
                 sums.delays += difference(u.ts_sum, d.ts_sum);
                 sums.samples += u.count;
             }
         }
+        // Rows 2i and 2i + 1 pair up (the row hash's low bit is the side).
         for (u, d) in up.chunks_exact(2).zip(down.chunks_exact(2)) {
-            let count = u[0].count + u[1].count;
-            if count == d[0].count + d[1].count && count > 0 {
-                let signed = difference(u[0].ts_sum, d[0].ts_sum) - difference(u[1].ts_sum, d[1].ts_sum);
-                sums.squares += signed * signed;
-                sums.square_samples += count;
+            if u[0].matches(&d[0]) && u[1].matches(&d[1]) && u[0].count + u[1].count > 0 {
+                let side = |i: usize| (difference(u[i].ts_sum, d[i].ts_sum), u[i].count);
+                sums.pair(side(0), side(1));
             }
         }
     }
@@ -94,7 +93,7 @@ mod tests {
     /// (60 + 22 + 8) / (5 + 2 + 1) = 11.25.
     #[test]
     fn the_papers_example() {
-        let cell = |ts_sum, count| LdaCell { ts_sum, count };
+        let cell = |ts_sum, count| LdaCell { ts_sum, count, id_xor: 0 };
         let shape = LdaShape { rows: 4, banks: 1, zeros: [0; 4] };
         let up = [cell(120, 5), cell(234, 10), cell(15, 2), cell(6, 1)];
         let down = [cell(180, 5), cell(348, 9), cell(37, 2), cell(14, 1)];
@@ -117,8 +116,8 @@ mod tests {
     #[test]
     fn wrapping_sums_give_the_exact_mean() {
         let shape = LdaShape { rows: 2, banks: 1, zeros: [0; 4] };
-        let up = [LdaCell { ts_sum: u64::MAX - 5, count: 2 }, LdaCell::default()];
-        let down = [LdaCell { ts_sum: 14, count: 2 }, LdaCell::default()]; // 20 later in all
+        let up = [LdaCell { ts_sum: u64::MAX - 5, count: 2, id_xor: 0 }, LdaCell::default()];
+        let down = [LdaCell { ts_sum: 14, count: 2, id_xor: 0 }, LdaCell::default()]; // 20 later in all
         assert_eq!(estimate(&shape, &up, &down).figures.mean, Some(10.0));
     }
 }

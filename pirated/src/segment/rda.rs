@@ -98,14 +98,16 @@ pub struct RdaEstimate {
 }
 
 /// The estimate from repaired RDAs: a bucket is usable when both points hold the same packets
-/// in it (same XOR of identities and count).
-pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEstimate {
+/// in it (same XOR of identities and count). `exact` are delays known packet by packet (a
+/// packet that reached D only in the next interval, with both timestamps from the caches),
+/// counted once each.
+pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket], exact: &[f64]) -> RdaEstimate {
     let usable = |u: &RdaBucket, d: &RdaBucket| u.id_xor == d.id_xor && u.count == d.count && u.count > 0;
     let (mut out, mut sums, mut filled, mut usable_buckets) = (RdaEstimate::default(), Sums::default(), 0usize, 0usize);
     for bank in 0..shape.banks as usize {
         let n = shape.buckets as usize;
         let (up, down) = (&up[bank * n..][..n], &down[bank * n..][..n]);
-        let mut pending: Option<(f64, i64)> = None;
+        let mut pending: Option<(f64, u64)> = None;
         for (u, d) in up.iter().zip(down) {
             filled += usize::from(u.count > 0 || d.count > 0);
             if !usable(u, d) {
@@ -115,12 +117,10 @@ pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEs
             let delays = difference(u.ts_sum, d.ts_sum);
             sums.delays += delays;
             sums.samples += u.count as u64;
+            let side = (delays, u.count as u64);
             match pending.take() {
-                None => pending = Some((delays, u.count)),
-                Some((first, count)) => {
-                    sums.squares += (first - delays).powi(2);
-                    sums.square_samples += (count + u.count) as u64;
-                }
+                None => pending = Some(side),
+                Some(first) => sums.pair(first, side),
             }
         }
     }
@@ -128,8 +128,17 @@ pub fn estimate(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> RdaEs
         0 => 0.0,
         _ => usable_buckets as f64 / filled as f64,
     };
+    // Each bank holds every packet once: the independent samples are one bank's.
+    let independent = sums.samples / shape.banks as u64 + exact.len() as u64;
+    for &w in exact {
+        sums.delays += w * shape.banks as f64;
+        sums.samples += shape.banks as u64;
+    }
+    for pair in exact.chunks_exact(2) {
+        sums.pair((pair[0], 1), (pair[1], 1));
+    }
     out.samples = sums.samples;
-    out.figures = sums.figures(sums.samples / shape.banks as u64);
+    out.figures = sums.figures(independent);
     out
 }
 
@@ -156,7 +165,7 @@ mod tests {
         assert_eq!(decoded, Decoded { lost: vec![id(13)], reordered: vec![id(7)], complete: true });
         assert_eq!(remove(&shape, &mut up, &decoded.lost, |id| up_cache.get(&id).copied()), 0);
         assert_eq!(remove(&shape, &mut down, &decoded.reordered, |id| down_cache.get(&id).copied()), 0);
-        let e = estimate(&shape, &up, &down);
+        let e = estimate(&shape, &up, &down, &[]);
         // Delays 100 + id over the 38 packets both saw.
         let truth = (1..=40u64).filter(|&i| i != 7 && i != 13).map(|i| 100 + i).sum::<u64>() as f64 / 38.0;
         assert_eq!((e.figures.mean, e.samples, e.usable), (Some(truth), 76, 1.0));

@@ -1,0 +1,236 @@
+//! `[segment]`: two-point one-way latency (LDA and RDA) between an upstream point and a
+//! downstream one, each a pirated with this section, peering over TCP.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use pirate_common::segment::{
+    lda::{LdaShape, MAX_BANKS as LDA_MAX_BANKS},
+    rda::{RdaShape, MAX_BANKS as RDA_MAX_BANKS},
+    SegmentShape, LDA, RDA,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{refuse, Dur};
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SegmentConfig {
+    pub role: Role,
+    pub interval: Dur,
+    pub listen: SocketAddr,
+    pub peer: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    pub lda: bool,
+    pub lda_rows: u32,
+    pub lda_loss: Vec<f64>,
+    pub packets: u64,
+    pub rda: bool,
+    pub rda_buckets: u32,
+    pub rda_banks: u32,
+    pub sample_zeros: u32,
+    pub cache_packets: u32,
+    pub cache_ring_bytes: u32,
+}
+
+/// Which end of the segment this pirated is.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Off,
+    /// Upstream: connects to the downstream point and sends its banks each interval.
+    Up,
+    /// Downstream: listens for the upstream point, reconciles both points' banks and reports.
+    Down,
+}
+
+impl Default for SegmentConfig {
+    fn default() -> Self {
+        SegmentConfig {
+            role: Role::Off,
+            interval: Dur(Duration::from_secs(1)),
+            listen: SocketAddr::from(([0, 0, 0, 0], 9465)),
+            peer: String::new(),
+            key: String::new(),
+            key_file: None,
+            lda: true,
+            lda_rows: 512,
+            lda_loss: vec![0.005, 0.1],
+            packets: 100_000,
+            rda: true,
+            rda_buckets: 2048,
+            rda_banks: 2,
+            sample_zeros: 0,
+            cache_packets: 1 << 20,
+            cache_ring_bytes: 4 << 20,
+        }
+    }
+}
+
+/// The most rows or buckets per bank (both halves of every bank then take 2 × 4 × 2^16 cells
+/// per CPU).
+const MAX_CELLS: u32 = 1 << 16;
+/// The shortest pre-shared key.
+pub const MIN_KEY_BYTES: usize = 16;
+/// The largest packet cache ring.
+const MAX_CACHE_RING: u32 = 256 << 20;
+
+impl SegmentConfig {
+    pub fn enabled(&self) -> bool {
+        self.role != Role::Off
+    }
+
+    pub(super) fn validate(&self) -> anyhow::Result<()> {
+        let interval = self.interval.0;
+        if interval < Duration::from_millis(100) || interval > Duration::from_secs(3600) {
+            return refuse(
+                &["segment.interval"],
+                format!("segment.interval = {}: must be between 100ms and 1h", self.interval),
+            );
+        }
+        if self.lda_rows < 2 || !self.lda_rows.is_multiple_of(2) || self.lda_rows > MAX_CELLS {
+            return refuse(
+                &["segment.lda_rows"],
+                format!("segment.lda_rows = {}: must be even, 2..={MAX_CELLS}", self.lda_rows),
+            );
+        }
+        if self.lda_loss.is_empty()
+            || self.lda_loss.len() > LDA_MAX_BANKS
+            || self.lda_loss.iter().any(|l| !(*l > 0.0 && *l < 1.0))
+        {
+            return refuse(
+                &["segment.lda_loss"],
+                format!(
+                    "segment.lda_loss = {:?}: 1..={LDA_MAX_BANKS} loss rates in (0, 1), a bank tuned to each",
+                    self.lda_loss
+                ),
+            );
+        }
+        if self.packets == 0 {
+            return refuse(
+                &["segment.packets"],
+                "segment.packets = 0: the packets an interval carries, at least 1".into(),
+            );
+        }
+        if self.rda_buckets == 0 || self.rda_buckets > MAX_CELLS {
+            return refuse(
+                &["segment.rda_buckets"],
+                format!("segment.rda_buckets = {}: must be 1..={MAX_CELLS}", self.rda_buckets),
+            );
+        }
+        if !(1..=RDA_MAX_BANKS as u32).contains(&self.rda_banks) {
+            return refuse(
+                &["segment.rda_banks"],
+                format!("segment.rda_banks = {}: must be 1..={RDA_MAX_BANKS}", self.rda_banks),
+            );
+        }
+        if self.sample_zeros > 32 {
+            return refuse(
+                &["segment.sample_zeros"],
+                format!("segment.sample_zeros = {}: must be 0..=32 (a share of 2^-n)", self.sample_zeros),
+            );
+        }
+        if !self.cache_ring_bytes.is_power_of_two() || !(4096..=MAX_CACHE_RING).contains(&self.cache_ring_bytes) {
+            return refuse(
+                &["segment.cache_ring_bytes"],
+                format!(
+                    "segment.cache_ring_bytes = {}: must be a power of two, 4096..={MAX_CACHE_RING}",
+                    self.cache_ring_bytes
+                ),
+            );
+        }
+        if !self.enabled() {
+            return Ok(());
+        }
+        if !self.lda && !self.rda {
+            return refuse(&["segment.lda", "segment.rda"], "segment.lda and segment.rda are both off".into());
+        }
+        if self.role == Role::Up && self.peer.is_empty() {
+            return refuse(
+                &["segment.peer", "segment.role"],
+                "segment.peer is not set: the upstream point connects to the downstream one (host:port)".into(),
+            );
+        }
+        match (&self.key_file, self.key.len()) {
+            (Some(_), 0) => Ok(()),
+            (None, n) if n >= MIN_KEY_BYTES => Ok(()),
+            (Some(_), _) => {
+                refuse(&["segment.key", "segment.key_file"], "set segment.key or segment.key_file, not both".into())
+            }
+            (None, _) => refuse(
+                &["segment.key", "segment.role"],
+                format!(
+                    "segment.key: the pre-shared key both points authenticate their messages with, at least \
+                     {MIN_KEY_BYTES} bytes (or segment.key_file, a file holding it)"
+                ),
+            ),
+        }
+    }
+
+    /// The pre-shared key: `key`, or the contents of `key_file` (a trailing newline dropped).
+    pub fn key(&self) -> anyhow::Result<Vec<u8>> {
+        use anyhow::Context;
+        let Some(path) = &self.key_file else { return Ok(self.key.as_bytes().to_vec()) };
+        let mut key = std::fs::read(path).with_context(|| format!("reading segment.key_file {}", path.display()))?;
+        while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
+            key.pop();
+        }
+        if key.len() < MIN_KEY_BYTES {
+            anyhow::bail!("segment.key_file {} holds {} bytes: at least {MIN_KEY_BYTES}", path.display(), key.len());
+        }
+        Ok(key)
+    }
+
+    /// The datapath's view (`interval_ns` 0 when off). Both points must compute the same one:
+    /// the peers compare it when they meet.
+    pub fn shape(&self) -> SegmentShape {
+        if !self.enabled() {
+            return SegmentShape::default();
+        }
+        let lda: LdaShape =
+            crate::segment::lda::tuned(self.lda_rows, &self.lda_loss, self.packets as f64, crate::segment::lda::ALPHA);
+        SegmentShape {
+            interval_ns: self.interval.as_nanos(),
+            lda,
+            rda: RdaShape { buckets: self.rda_buckets, banks: self.rda_banks },
+            sample_zeros: self.sample_zeros,
+            flags: if self.lda { LDA } else { 0 } | if self.rda { RDA } else { 0 },
+            _pad: 0,
+        }
+    }
+
+    /// Entries of `SEGMENT_LDA` and `SEGMENT_RDA`: both halves (one when off: maps are never
+    /// empty).
+    pub fn map_entries(&self) -> (u32, u32) {
+        let shape = self.shape();
+        ((2 * shape.lda.cells() as u32).max(1), (2 * shape.rda.len() as u32).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    /// A role needs a key of 16 bytes or more, and the upstream point its peer; errors name the
+    /// line. Both points compute the same shape from the same settings.
+    #[test]
+    fn a_role_needs_a_key_and_upstream_its_peer() {
+        let e = err("[segment]\nrole = \"down\"\nkey = \"short\"\n");
+        assert!(e.starts_with("line 3: segment.key") && e.contains("16 bytes"), "{e}");
+        let e = err("[segment]\nkey = \"sixteen bytes at least\"\nrole = \"up\"\n");
+        assert!(e.starts_with("line 3:") && e.contains("segment.peer"), "{e}");
+        let e = err("[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\nlda_rows = 7\n");
+        assert!(e.starts_with("line 4: segment.lda_rows = 7"), "{e}");
+        let down = Config::parse("[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\n").unwrap();
+        let up =
+            Config::parse("[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey = \"another key, as long\"\n").unwrap();
+        assert_eq!(down.segment.shape(), up.segment.shape());
+        assert_eq!(Config::default().segment.shape().interval_ns, 0);
+    }
+}

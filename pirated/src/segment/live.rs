@@ -1,0 +1,253 @@
+//! The live segment: a task beside the epoch loop that closes each interval on the shared
+//! clock, keeps the packet cache, and talks to the other point. The upstream point sends its
+//! record of each interval and answers requests for timestamps; the downstream point asks for
+//! the timestamps of the packets only upstream saw, and one interval later (when its own cache
+//! of the next interval is complete, for packets late across the boundary) reconciles, reports
+//! and publishes.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use pirate_common::segment::SegmentShape;
+use tokio::{net::TcpListener, task::JoinHandle};
+use tracing::{debug, info, warn};
+
+use super::{
+    clock,
+    peer::Link,
+    point::{Cache, Point},
+    rda,
+    reconcile::{reconcile, Caches, SegmentReport},
+    wire::{Message, Record},
+};
+use crate::{
+    config::segment::{Role, SegmentConfig},
+    datapath::Datapath,
+    json::Lines,
+    metrics::Metrics,
+};
+
+/// After an interval's end, how long to wait before reading its banks: packets stamped just
+/// before the end may still be on their way through the program.
+fn settle(shape: &SegmentShape) -> Duration {
+    Duration::from_nanos(shape.interval_ns / 100).clamp(Duration::from_millis(5), Duration::from_millis(100))
+}
+
+/// Starts the segment's task if `[segment]` gives this pirated a role. The downstream point's
+/// listener is bound here, so a busy address fails the start.
+pub async fn spawn(
+    config: &SegmentConfig,
+    dp: &mut Datapath,
+    metrics: Arc<Mutex<Metrics>>,
+    lines: Option<Lines>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    if !config.enabled() {
+        return Ok(None);
+    }
+    let shape = config.shape();
+    let key = config.key()?;
+    let link = match config.role {
+        Role::Up => Link::connect(config.peer.clone(), key, shape),
+        _ => {
+            let listener = TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("binding segment.listen {}", config.listen))?;
+            info!(listen = %config.listen, "segment: waiting for the upstream point");
+            Link::listen(listener, key, shape)
+        }
+    };
+    let point = Point::start(dp.take_segment(shape)?, shape)?;
+    let state = State {
+        shape,
+        upstream: config.role == Role::Up,
+        point,
+        cache: Cache::new(config.cache_packets as usize),
+        link,
+        pending: BTreeMap::new(),
+        metrics,
+        lines,
+        unmeasured: None,
+    };
+    Ok(Some(tokio::spawn(async move {
+        if let Err(e) = state.run().await {
+            warn!("segment: stopped measuring: {e:#}");
+        }
+    })))
+}
+
+/// An interval the downstream point is reconciling.
+#[derive(Default)]
+struct Pending {
+    up: Option<Record>,
+    down: Option<Record>,
+    stamps: HashMap<u64, u64>,
+    requested: bool,
+}
+
+struct State {
+    shape: SegmentShape,
+    upstream: bool,
+    point: Point,
+    cache: Cache,
+    link: Link,
+    pending: BTreeMap<u64, Pending>,
+    metrics: Arc<Mutex<Metrics>>,
+    lines: Option<Lines>,
+    /// Why the last interval had no figures, if it had none.
+    unmeasured: Option<&'static str>,
+}
+
+impl State {
+    async fn run(mut self) -> anyhow::Result<()> {
+        // SAFETY: the ring's descriptor belongs to `self.point`, which outlives this.
+        let cache_ready = unsafe { crate::epoch::watch(self.point.maps().cache_fd(), "the packet cache ring")? };
+        let settle = settle(&self.shape);
+        let mut next = self.shape.interval(clock::now());
+        loop {
+            let due = (next + 1) * self.shape.interval_ns + settle.as_nanos() as u64;
+            let wait = Duration::from_nanos(due.saturating_sub(clock::now()));
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {
+                    self.drain_cache();
+                    self.close(next)?;
+                    next += 1;
+                }
+                guard = cache_ready.readable() => {
+                    let mut guard = guard?;
+                    self.drain_cache();
+                    guard.clear_ready();
+                }
+                Some(m) = self.link.incoming.recv() => self.receive(m),
+            }
+        }
+    }
+
+    fn drain_cache(&mut self) {
+        let (shape, cache) = (&self.shape, &mut self.cache);
+        self.point.maps().drain_cache(|entry| cache.add(shape, entry));
+    }
+
+    fn close(&mut self, interval: u64) -> anyhow::Result<()> {
+        let record = self.point.close(interval)?;
+        let mut refused = Vec::new();
+        while let Ok(reason) = self.link.refusals.try_recv() {
+            refused.push(reason);
+        }
+        self.metrics.lock().unwrap().segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped);
+        if self.upstream {
+            self.metrics.lock().unwrap().segment.recorded_upstream(record.packets);
+            let _ = self.link.outgoing.try_send(Message::Record(record));
+            // Downstream asks about an interval at most one interval after it ends.
+            self.cache.keep_from(interval.saturating_sub(2));
+            return Ok(());
+        }
+        self.pending.entry(interval).or_default().down = Some(record);
+        self.request(interval);
+        if let Some(previous) = interval.checked_sub(1) {
+            if let Some(p) = self.pending.remove(&previous) {
+                let report = self.reconcile(previous, p);
+                self.publish(&report);
+            }
+        }
+        self.pending = self.pending.split_off(&interval);
+        self.cache.keep_from(interval);
+        Ok(())
+    }
+
+    fn receive(&mut self, m: Message) {
+        match m {
+            Message::Record(r) if !self.upstream => {
+                let interval = r.interval;
+                // Too late for a reconciliation already made: dropped.
+                if self.pending.first_key_value().is_none_or(|(first, _)| interval >= *first) {
+                    self.pending.entry(interval).or_default().up = Some(r);
+                    self.request(interval);
+                }
+            }
+            Message::Stamps { interval, stamps } if !self.upstream => {
+                if let Some(p) = self.pending.get_mut(&interval) {
+                    p.stamps.extend(stamps.into_iter().map(|s| (s.id, s.ts)));
+                }
+            }
+            Message::Request { interval, ids } if self.upstream => {
+                self.drain_cache();
+                let stamps = ids
+                    .into_iter()
+                    .filter_map(|id| Some(pirate_common::segment::CacheEntry { id, ts: self.cache.get(interval, id)? }))
+                    .collect();
+                let _ = self.link.outgoing.try_send(Message::Stamps { interval, stamps });
+            }
+            other => {
+                debug!(message = ?std::mem::discriminant(&other), "segment: a message for the other role, ignored")
+            }
+        }
+    }
+
+    /// Once both records of `interval` are in: asks upstream for the timestamps of the packets
+    /// only it saw.
+    fn request(&mut self, interval: u64) {
+        let Some(p) = self.pending.get_mut(&interval) else { return };
+        let (Some(up), Some(down)) = (&p.up, &p.down) else { return };
+        if p.requested || self.shape.flags & pirate_common::segment::RDA == 0 || !up.measured || !down.measured {
+            return;
+        }
+        p.requested = true;
+        let lost = rda::decode(&self.shape.rda, &up.rda, &down.rda).lost;
+        if !lost.is_empty() {
+            let _ = self.link.outgoing.try_send(Message::Request { interval, ids: lost });
+        }
+    }
+
+    fn reconcile(&self, interval: u64, p: Pending) -> SegmentReport {
+        let Some(down) = p.down else {
+            return SegmentReport { interval, unmeasured: Some(super::reconcile::NO_UPSTREAM), ..Default::default() };
+        };
+        struct Found<'a> {
+            stamps: &'a HashMap<u64, u64>,
+            cache: &'a Cache,
+            interval: u64,
+        }
+        impl Caches for Found<'_> {
+            fn up(&self, id: u64) -> Option<u64> {
+                self.stamps.get(&id).copied()
+            }
+            fn down(&self, id: u64) -> Option<u64> {
+                self.cache.get(self.interval, id)
+            }
+            fn down_next(&self, id: u64) -> Option<u64> {
+                self.cache.get(self.interval + 1, id)
+            }
+        }
+        let found = Found { stamps: &p.stamps, cache: &self.cache, interval };
+        let mut report = reconcile(&self.shape, p.up, down, &found);
+        let end = (interval + 1) * self.shape.interval_ns;
+        report.took = Duration::from_nanos(clock::now().saturating_sub(end));
+        report
+    }
+
+    fn publish(&mut self, report: &SegmentReport) {
+        let started = Instant::now();
+        self.metrics.lock().unwrap().segment.publish(report);
+        if let Some(lines) = &self.lines {
+            let mut text = Vec::new();
+            if report.write_json(&mut text).is_ok() {
+                lines.send(text);
+            }
+        }
+        // Logged when it changes: a peer away for an hour is one line, not 3600.
+        if report.unmeasured != self.unmeasured {
+            match report.unmeasured {
+                Some(reason) => {
+                    info!(interval = report.interval, reason, "segment: intervals not measured from here on")
+                }
+                None => info!(interval = report.interval, "segment: measuring"),
+            }
+        }
+        self.unmeasured = report.unmeasured;
+        debug!(interval = report.interval, took = ?report.took, publishing = ?started.elapsed(), "segment: interval");
+    }
+}

@@ -1,0 +1,82 @@
+//! The two-point testbed (DESIGN.md §5): a segment from an upstream point U to a downstream
+//! point D, each a namespace routing the sender's traffic on, with the link emulator between
+//! them, and a control link (no emulator) the two pirated instances peer over.
+//!
+//! ```text
+//!  snd s-u 10.204.1.1 ── 10.204.1.2 u-s [up] u-d ══ emulator ══ d-u [down] d-r 10.204.3.1 ── 10.204.3.2 r-d rcv
+//!                                   u-m 10.204.9.1 ───────────────── 10.204.9.2 d-m
+//! ```
+//! pirated U measures on `u-s` (the sender's packets entering U), pirated D on `d-u` (the same
+//! packets entering D after the emulator).
+
+use anyhow::Result;
+
+use crate::{
+    linkem::EmuLink,
+    netns::{require_root, veth, Netns},
+};
+
+pub const SENDER_IP: &str = "10.204.1.1";
+pub const RECEIVER_IP: &str = "10.204.3.2";
+/// Where pirated D listens for pirated U.
+pub const PEER_ADDR: &str = "10.204.9.2:9465";
+/// The interfaces the points measure on.
+pub const UP_IF: &str = "u-s";
+pub const DOWN_IF: &str = "d-u";
+
+pub struct TwoPoint {
+    pub sender: Netns,
+    pub up: Netns,
+    pub down: Netns,
+    pub receiver: Netns,
+    /// U → D (`ab`), D → U (`ba`).
+    pub segment: EmuLink,
+}
+
+impl TwoPoint {
+    pub fn new() -> Result<TwoPoint> {
+        require_root()?;
+        let (sender, up, down, receiver) =
+            (Netns::new("snd")?, Netns::new("up")?, Netns::new("down")?, Netns::new("rcv")?);
+        veth(&sender, "s-u", &up, UP_IF)?;
+        let segment = EmuLink::between(&up, "u-d", &down, DOWN_IF)?;
+        veth(&down, "d-r", &receiver, "r-d")?;
+        veth(&up, "u-m", &down, "d-m")?;
+        for (ns, ifname, cidr) in [
+            (&sender, "s-u", "10.204.1.1/24"),
+            (&up, UP_IF, "10.204.1.2/24"),
+            (&up, "u-d", "10.204.2.1/24"),
+            (&down, DOWN_IF, "10.204.2.2/24"),
+            (&down, "d-r", "10.204.3.1/24"),
+            (&receiver, "r-d", "10.204.3.2/24"),
+            (&up, "u-m", "10.204.9.1/24"),
+            (&down, "d-m", "10.204.9.2/24"),
+        ] {
+            ns.offloads_off(ifname)?;
+            ns.addr(ifname, cidr)?;
+        }
+        for ns in [&up, &down] {
+            ns.sysctl("net.ipv4.ip_forward", "1")?;
+            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+        }
+        sender.route("10.204.3.0/24", "10.204.1.2")?;
+        up.route("10.204.3.0/24", "10.204.2.2")?;
+        receiver.route("10.204.1.0/24", "10.204.3.1")?;
+        down.route("10.204.1.0/24", "10.204.2.1")?;
+        Ok(TwoPoint { sender, up, down, receiver, segment })
+    }
+}
+
+/// TAI minus the realtime clock (what captures stamp with), in ns: pirated cuts intervals on
+/// TAI.
+pub fn tai_offset_ns() -> i64 {
+    let read = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to write into.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+    };
+    let (realtime, tai) = (read(libc::CLOCK_REALTIME), read(libc::CLOCK_TAI));
+    // Whole seconds: the offset is a leap-second count, and the reads are apart by a few µs.
+    ((tai - realtime) as f64 / 1e9).round() as i64 * 1_000_000_000
+}

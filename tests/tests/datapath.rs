@@ -273,6 +273,10 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
         "LB_SHAPE",
         "LB_VIPS",
         "PIRATE_FLOW",
+        "SEGMENT_LDA",
+        "SEGMENT_RDA",
+        "SEGMENT_SEEN",
+        "SEGMENT_SHAPE",
         "V6_NAMES",
     ];
     let (listed, rest) = found.split_at(maps.len().min(found.len()));
@@ -403,8 +407,9 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     ensure!(map_id(&dir.join("FLOWS"))? != flows, "the flow table of the old layout was reused");
     let marker = |pins: &[String]| pins.iter().filter(|p| p.starts_with("layout-")).cloned().collect::<Vec<_>>();
     let defaults = pirated::config::Config::default();
+    let (lda, rda) = defaults.segment.map_entries();
     let expected = format!(
-        "layout-v{}-compact-flows1024-fridge{}-lb1x{}",
+        "layout-v{}-compact-flows1024-fridge{}-lb1x{}-segment{lda}x{rda}",
         pirate_common::maps::LAYOUT_VERSION,
         defaults.fridge.shape().slots(),
         defaults.lb.max_connections

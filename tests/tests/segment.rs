@@ -26,12 +26,12 @@ const INTERVAL_NS: i64 = 1_000_000_000;
 /// Packets this close to an interval's edge at either point may fall on the other side of it
 /// in the datapath than in the capture (which stamps a few µs after XDP): their intervals are
 /// left out of the comparison.
-const EDGE_NS: i64 = 50_000;
+const EDGE_NS: i64 = 20_000;
 
 fn config(role: &str) -> String {
     format!(
         "[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
-         key = \"two points, one pre-shared key\"\ninterval = \"1s\"\npackets = 1200\n"
+         key = \"two points, one pre-shared key\"\ninterval = \"1s\"\npackets = 1200\nrda_buckets = 8192\n"
     )
 }
 
@@ -110,7 +110,7 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     tb.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
     std::thread::sleep(Duration::from_millis(1200));
     let probes_run =
-        Probes { count: 8000, gap: Duration::from_micros(700), payload: 64, settle: Duration::from_millis(600) };
+        Probes { count: 10_000, gap: Duration::from_micros(700), payload: 64, settle: Duration::from_millis(600) };
     let dst: SocketAddr = format!("{RECEIVER_IP}:{PORT}").parse()?;
     probes_run.run(&tb.sender, SENDER_IP.parse()?, &tb.receiver, dst)?;
     let offset = tai_offset_ns();
@@ -121,11 +121,12 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     up.stop()?;
     emulator.stop()?;
     let truths = truths(&sent, &arrived);
-    let (mut compared, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0.0f64, 0.0f64, 0.0f64);
+    let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
     for line in lines.iter().filter(|l| l["type"] == "segment") {
         let Some(truth) = truths.get(&line["interval"].as_i64().unwrap()) else { continue };
-        // The first and last seconds of the run carry a few packets only.
-        if truth.near_edge || truth.delays.len() < 100 {
+        // The first and last seconds of the run carry a few packets only (in the first, all
+        // may cross into the next, leaving LDA no usable row).
+        if truth.near_edge || truth.delays.len() < 100 + truth.crossed as usize {
             continue;
         }
         assert_eq!(line["measured"], true, "{line}");
@@ -146,11 +147,16 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
             line["rda"]["reordered"],
             lda_mean / 1e3
         );
-        assert_eq!(
-            (line["rda"]["lost"].as_u64(), line["rda"]["reordered"].as_u64()),
-            (Some(truth.lost), Some(truth.crossed)),
-            "{line}"
-        );
+        let counted = (line["rda"]["lost"].as_u64().unwrap(), line["rda"]["reordered"].as_u64().unwrap());
+        if line["rda"]["decoded"] == true {
+            assert_eq!(counted, (truth.lost, truth.crossed), "{line}");
+        } else {
+            // Packets sharing all their buckets with another (a 2-cycle, about d²/2m² an
+            // interval) stay unlisted, their buckets unused: said so, never miscounted.
+            undecoded += 1;
+            let (listed, missed) = (counted.0 + counted.1, truth.lost + truth.crossed);
+            assert!(counted.0 <= truth.lost && counted.1 <= truth.crossed && listed + 2 >= missed, "{line}");
+        }
         worst_mean = worst_mean.max((rda_mean / mean - 1.0).abs());
         worst_std = worst_std.max((rda_std / std - 1.0).abs());
         assert!(rda_mean.is_finite() && rda_std.is_finite() && lda_mean.is_finite(), "{line}");
@@ -158,10 +164,11 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
         compared += 1;
     }
     println!(
-        "{compared} intervals: worst RDA mean {:.2e}, std-dev {:.3}, LDA mean {:.2e}",
+        "{compared} intervals ({undecoded} not decoded whole): worst RDA mean {:.2e}, std-dev {:.3}, LDA mean {:.2e}",
         worst_mean, worst_std, worst_lda
     );
     assert!(compared >= 4, "only {compared} intervals to compare");
+    assert!(undecoded <= 1, "{undecoded} intervals not decoded whole");
     assert!(worst_mean < 1e-4, "RDA mean off by {worst_mean:.2e}");
     assert!(worst_std < 0.1, "RDA std-dev off by {worst_std:.3}");
     assert!(worst_lda < 0.01, "LDA mean off by {worst_lda:.2e}");

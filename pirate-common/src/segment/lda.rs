@@ -80,6 +80,15 @@ impl LdaCell {
         self.id_xor ^= id;
     }
 
+    /// This row and `other` as one (the same row on two CPUs).
+    pub fn merge(self, other: LdaCell) -> LdaCell {
+        LdaCell {
+            ts_sum: self.ts_sum.wrapping_add(other.ts_sum),
+            count: self.count + other.count,
+            id_xor: self.id_xor ^ other.id_xor,
+        }
+    }
+
     /// Whether both points' rows hold the same packets (as far as count and XOR tell).
     pub fn matches(&self, other: &LdaCell) -> bool {
         self.count == other.count && self.id_xor == other.id_xor

@@ -50,6 +50,15 @@ impl RdaShape {
 }
 
 impl RdaBucket {
+    /// This bucket and `other` as one (the same bucket on two CPUs).
+    pub fn merge(self, other: RdaBucket) -> RdaBucket {
+        RdaBucket {
+            id_xor: self.id_xor ^ other.id_xor,
+            ts_sum: self.ts_sum.wrapping_add(other.ts_sum),
+            count: self.count + other.count,
+        }
+    }
+
     /// Adds (`sign` 1) or removes (-1) packet `id` seen at `ts`.
     #[inline(always)]
     pub fn update(&mut self, id: u64, ts: u64, sign: i64) {

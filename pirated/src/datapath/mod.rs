@@ -119,6 +119,7 @@ impl Datapath {
         let ring_bytes = ring_size(config.max_flows as usize, layout);
         // Before 5.11 the maps count against the locked-memory limit.
         let memlock = memlock::raise().ok().flatten();
+        let segment_entries = config.segment.map_entries();
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(dir)
             .set_max_entries(layout.flows_map(), sets_for(config.max_flows))
@@ -129,8 +130,8 @@ impl Datapath {
             .set_max_entries(maps::FRIDGE_SAMPLES, config.fridge.ring_bytes)
             .set_max_entries(maps::LB_RINGS, lb_ring_entries(config))
             .set_max_entries(maps::LB_CONNS, config.lb.max_connections)
-            .set_max_entries(maps::SEGMENT_LDA, config.segment.map_entries().0)
-            .set_max_entries(maps::SEGMENT_RDA, config.segment.map_entries().1)
+            .set_max_entries(maps::SEGMENT_LDA, segment_entries.0)
+            .set_max_entries(maps::SEGMENT_RDA, segment_entries.1)
             .set_max_entries(maps::SEGMENT_CACHE, config.segment.cache_ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {

@@ -63,46 +63,40 @@ impl SegmentMaps {
                 std::cmp::Ordering::Less => {}
             }
         }
-        let (lda_n, rda_n) = (self.shape.lda.cells() as u32, self.shape.rda.len() as u32);
-        let fd = self.lda.fd().as_fd();
-        for i in half * lda_n..(half + 1) * lda_n {
-            let cell = percpu::values::<LdaCell>(fd, i, self.cpus).context("reading SEGMENT_LDA")?.into_iter().fold(
-                LdaCell::default(),
-                |a, c| LdaCell {
-                    ts_sum: a.ts_sum.wrapping_add(c.ts_sum),
-                    count: a.count + c.count,
-                    id_xor: a.id_xor ^ c.id_xor,
-                },
-            );
-            banks.lda.push(cell);
-        }
-        let fd = self.rda.fd().as_fd();
-        for i in half * rda_n..(half + 1) * rda_n {
-            let bucket = percpu::values::<RdaBucket>(fd, i, self.cpus)
-                .context("reading SEGMENT_RDA")?
-                .into_iter()
-                .fold(RdaBucket::default(), |a, b| RdaBucket {
-                    id_xor: a.id_xor ^ b.id_xor,
-                    ts_sum: a.ts_sum.wrapping_add(b.ts_sum),
-                    count: a.count + b.count,
-                });
-            banks.rda.push(bucket);
-        }
+        banks.lda =
+            self.read_half(&self.lda, half, self.shape.lda.cells(), LdaCell::merge).context("reading SEGMENT_LDA")?;
+        banks.rda =
+            self.read_half(&self.rda, half, self.shape.rda.len(), RdaBucket::merge).context("reading SEGMENT_RDA")?;
         Ok(banks)
     }
 
     /// Zeroes half `half` of the banks on every CPU, for the interval that writes it next.
     pub fn clear(&self, half: u32) -> anyhow::Result<()> {
-        let (lda_n, rda_n) = (self.shape.lda.cells() as u32, self.shape.rda.len() as u32);
-        let zero_lda = vec![LdaCell::default(); self.cpus];
-        for i in half * lda_n..(half + 1) * lda_n {
-            // SAFETY: one LdaCell per possible CPU, the map's value.
-            unsafe { bpf_call::update(self.lda.fd().as_fd(), i, &zero_lda) }.context("clearing SEGMENT_LDA")?;
-        }
-        let zero_rda = vec![RdaBucket::default(); self.cpus];
-        for i in half * rda_n..(half + 1) * rda_n {
-            // SAFETY: one RdaBucket per possible CPU, the map's value.
-            unsafe { bpf_call::update(self.rda.fd().as_fd(), i, &zero_rda) }.context("clearing SEGMENT_RDA")?;
+        self.clear_half::<LdaCell>(&self.lda, half, self.shape.lda.cells()).context("clearing SEGMENT_LDA")?;
+        self.clear_half::<RdaBucket>(&self.rda, half, self.shape.rda.len()).context("clearing SEGMENT_RDA")
+    }
+
+    /// Half `half` of the per-CPU array `map` (`n` entries a half), each entry merged over CPUs.
+    fn read_half<T: aya::Pod + Default>(
+        &self,
+        map: &MapData,
+        half: u32,
+        n: usize,
+        merge: fn(T, T) -> T,
+    ) -> std::io::Result<Vec<T>> {
+        let n = n as u32;
+        (half * n..(half + 1) * n)
+            .map(|i| Ok(percpu::values::<T>(map.fd().as_fd(), i, self.cpus)?.into_iter().fold(T::default(), merge)))
+            .collect()
+    }
+
+    /// Zeroes half `half` of the per-CPU array `map` of `T` (`n` entries a half) on every CPU.
+    fn clear_half<T: aya::Pod + Default>(&self, map: &MapData, half: u32, n: usize) -> std::io::Result<()> {
+        let zero = vec![T::default(); self.cpus];
+        let n = n as u32;
+        for i in half * n..(half + 1) * n {
+            // SAFETY: one T per possible CPU, the map's value.
+            unsafe { bpf_call::update(map.fd().as_fd(), i, &zero) }?;
         }
         Ok(())
     }

@@ -137,9 +137,14 @@ impl State {
         while let Ok(reason) = self.link.refusals.try_recv() {
             refused.push(reason);
         }
-        self.metrics.lock().unwrap().segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped);
+        {
+            let metrics = self.metrics.lock().unwrap();
+            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped);
+            if self.upstream {
+                metrics.segment.recorded_upstream(record.packets);
+            }
+        }
         if self.upstream {
-            self.metrics.lock().unwrap().segment.recorded_upstream(record.packets);
             let _ = self.link.outgoing.try_send(Message::Record(record));
             // Downstream asks about an interval at most one interval after it ends.
             self.cache.keep_from(interval.saturating_sub(2));
@@ -203,8 +208,13 @@ impl State {
     }
 
     fn reconcile(&self, interval: u64, p: Pending) -> SegmentReport {
+        // Upstream's record of an interval before this point's first.
         let Some(down) = p.down else {
-            return SegmentReport { interval, unmeasured: Some(super::reconcile::NO_UPSTREAM), ..Default::default() };
+            return SegmentReport {
+                interval,
+                unmeasured: Some(super::reconcile::DOWNSTREAM_UNMEASURED),
+                ..Default::default()
+            };
         };
         struct Found<'a> {
             stamps: &'a HashMap<u64, u64>,

@@ -203,12 +203,10 @@ impl Session {
 
     /// Refuses a message of an interval already seen for its kind, or far from now.
     fn check(&self, last: &mut [u64; 5], m: Message) -> Result<Message, Refusal> {
-        let kind = match &m {
-            Message::Hello { .. } => return Err(Refusal::new("malformed", "a second hello".into())),
-            Message::Record(_) => 2,
-            Message::Request { .. } => 3,
-            Message::Stamps { .. } => 4,
-        };
+        if let Message::Hello { .. } = m {
+            return Err(Refusal::new("malformed", "a second hello".into()));
+        }
+        let kind = m.kind() as usize;
         let interval = m.interval();
         if interval <= last[kind] {
             return Err(Refusal::new("stale", format!("interval {interval} again (replayed?)")));

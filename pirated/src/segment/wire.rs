@@ -59,7 +59,8 @@ pub enum Message {
 }
 
 impl Message {
-    fn kind(&self) -> u8 {
+    /// Its kind's number on the wire (1..=4).
+    pub fn kind(&self) -> u8 {
         match self {
             Message::Hello { .. } => 1,
             Message::Record(_) => 2,

@@ -8,17 +8,22 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::SocketAddr,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
+use pirate_common::segment::SegmentShape;
 use pirate_tests::{
     capture::Capture,
     linkem::{probe::Probes, LinkSpec},
-    testbed::Pirated,
+    netns::Netns,
+    testbed::{metric, wait_until, PinRoot, Pirated},
     twopoint::{tai_offset_ns, TwoPoint, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
+use pirated::segment::{reconcile::NO_UPSTREAM, wire::Message};
 use serde_json::Value;
 
 const PORT: u16 = 9000;
@@ -28,10 +33,13 @@ const INTERVAL_NS: i64 = 1_000_000_000;
 /// left out of the comparison.
 const EDGE_NS: i64 = 20_000;
 
-fn config(role: &str) -> String {
+const KEY: &str = "two points, one pre-shared key";
+
+/// A point's configuration; `top` goes before the tables.
+fn config(role: &str, top: &str) -> String {
     format!(
-        "[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
-         key = \"two points, one pre-shared key\"\ninterval = \"1s\"\npackets = 1200\nrda_buckets = 8192\n"
+        "{top}[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
+         key = \"{KEY}\"\ninterval = \"1s\"\npackets = 1200\nrda_buckets = 8192\n"
     )
 }
 
@@ -92,6 +100,61 @@ fn f(v: &Value, path: &[&str]) -> f64 {
     path.iter().fold(v, |v, k| &v[k]).as_f64().unwrap_or(f64::NAN)
 }
 
+/// How far one interval's figures are from the captures'.
+struct Judged {
+    /// Relative errors of the RDA's mean and std-dev, and of the LDA's mean.
+    mean: f64,
+    std: f64,
+    lda: f64,
+    decoded: bool,
+}
+
+/// One reported interval against the captures: `None` where they cannot judge it (a packet near
+/// an edge, or the first and last seconds of a run with a few packets only: in the first, all
+/// may cross into the next, leaving LDA no usable row). Panics if it is unmeasured, or if its
+/// RDA miscounted a packet.
+fn judge(line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
+    let truth = truths.get(&line["interval"].as_i64().unwrap())?;
+    if truth.near_edge || truth.delays.len() < 100 + truth.crossed as usize {
+        return None;
+    }
+    assert_eq!(line["measured"], true, "{line}");
+    let (mean, std) = mean_std(&truth.delays);
+    let rda = |k| f(line, &["rda", "delay", k]);
+    let (rda_mean, rda_std, lda_mean) = (rda("mean_ns"), rda("std_dev_ns"), f(line, &["lda", "delay", "mean_ns"]));
+    println!(
+        "interval {}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us",
+        line["interval"],
+        truth.delays.len(),
+        truth.lost,
+        truth.crossed,
+        mean / 1e3,
+        std / 1e3,
+        rda_mean / 1e3,
+        rda_std / 1e3,
+        line["rda"]["lost"],
+        line["rda"]["reordered"],
+        lda_mean / 1e3
+    );
+    assert!(rda_mean.is_finite() && rda_std.is_finite() && lda_mean.is_finite(), "{line}");
+    let counted = (line["rda"]["lost"].as_u64().unwrap(), line["rda"]["reordered"].as_u64().unwrap());
+    let decoded = line["rda"]["decoded"] == true;
+    if decoded {
+        assert_eq!(counted, (truth.lost, truth.crossed), "{line}");
+    } else {
+        // Packets sharing all their buckets with another (a 2-cycle, about d²/2m² an
+        // interval) stay unlisted, their buckets unused: said so, never miscounted.
+        let (listed, missed) = (counted.0 + counted.1, truth.lost + truth.crossed);
+        assert!(counted.0 <= truth.lost && counted.1 <= truth.crossed && listed + 2 >= missed, "{line}");
+    }
+    Some(Judged {
+        mean: (rda_mean / mean - 1.0).abs(),
+        std: (rda_std / std - 1.0).abs(),
+        lda: (lda_mean / mean - 1.0).abs(),
+        decoded,
+    })
+}
+
 /// 1 % loss, 200 ± 10 ms of delay (reordering the probes, 1 ms apart, among themselves) and
 /// a fifth of a second's packets crossing each boundary: every interval both points saw whole reads the RDA's mean
 /// within 0.01 % and its standard deviation within 10 % of the captures', the LDA's mean within
@@ -100,8 +163,8 @@ fn f(v: &Value, path: &[&str]) -> f64 {
 fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> {
     let tb = TwoPoint::new()?;
     let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 7)?;
-    let mut down = Pirated::start(&tb.down, DOWN_IF, &config("down"))?;
-    let mut up = Pirated::start(&tb.up, UP_IF, &config("up"))?;
+    let mut down = Pirated::start(&tb.down, DOWN_IF, &config("down", ""))?;
+    let mut up = Pirated::start(&tb.up, UP_IF, &config("up", ""))?;
     let filter = ["-Q", "in", "udp", "port", "9000"];
     let (mut up_capture, mut down_capture) =
         (Capture::start(&tb.up, UP_IF, &filter)?, Capture::start(&tb.down, DOWN_IF, &filter)?);
@@ -123,44 +186,11 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     let truths = truths(&sent, &arrived);
     let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
     for line in lines.iter().filter(|l| l["type"] == "segment") {
-        let Some(truth) = truths.get(&line["interval"].as_i64().unwrap()) else { continue };
-        // The first and last seconds of the run carry a few packets only (in the first, all
-        // may cross into the next, leaving LDA no usable row).
-        if truth.near_edge || truth.delays.len() < 100 + truth.crossed as usize {
-            continue;
-        }
-        assert_eq!(line["measured"], true, "{line}");
-        let (mean, std) = mean_std(&truth.delays);
-        let rda = |k| f(line, &["rda", "delay", k]);
-        let (rda_mean, rda_std, lda_mean) = (rda("mean_ns"), rda("std_dev_ns"), f(line, &["lda", "delay", "mean_ns"]));
-        println!(
-            "interval {}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us",
-            line["interval"],
-            truth.delays.len(),
-            truth.lost,
-            truth.crossed,
-            mean / 1e3,
-            std / 1e3,
-            rda_mean / 1e3,
-            rda_std / 1e3,
-            line["rda"]["lost"],
-            line["rda"]["reordered"],
-            lda_mean / 1e3
-        );
-        let counted = (line["rda"]["lost"].as_u64().unwrap(), line["rda"]["reordered"].as_u64().unwrap());
-        if line["rda"]["decoded"] == true {
-            assert_eq!(counted, (truth.lost, truth.crossed), "{line}");
-        } else {
-            // Packets sharing all their buckets with another (a 2-cycle, about d²/2m² an
-            // interval) stay unlisted, their buckets unused: said so, never miscounted.
-            undecoded += 1;
-            let (listed, missed) = (counted.0 + counted.1, truth.lost + truth.crossed);
-            assert!(counted.0 <= truth.lost && counted.1 <= truth.crossed && listed + 2 >= missed, "{line}");
-        }
-        worst_mean = worst_mean.max((rda_mean / mean - 1.0).abs());
-        worst_std = worst_std.max((rda_std / std - 1.0).abs());
-        assert!(rda_mean.is_finite() && rda_std.is_finite() && lda_mean.is_finite(), "{line}");
-        worst_lda = worst_lda.max((lda_mean / mean - 1.0).abs());
+        let Some(j) = judge(line, &truths) else { continue };
+        undecoded += u32::from(!j.decoded);
+        worst_mean = worst_mean.max(j.mean);
+        worst_std = worst_std.max(j.std);
+        worst_lda = worst_lda.max(j.lda);
         compared += 1;
     }
     println!(
@@ -172,5 +202,207 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     assert!(worst_mean < 1e-4, "RDA mean off by {worst_mean:.2e}");
     assert!(worst_std < 0.1, "RDA std-dev off by {worst_std:.3}");
     assert!(worst_lda < 0.01, "LDA mean off by {worst_lda:.2e}");
+    Ok(())
+}
+
+/// The sender's probes (each its sequence number, as [`probes`] reads them) every 700 µs until
+/// `stop` is set; the captures at the points are the truth.
+fn send_until(tb: &TwoPoint, stop: &AtomicBool) -> Result<()> {
+    let _sink = tb.receiver.run_in(|| UdpSocket::bind((RECEIVER_IP, PORT)))??;
+    let socket = tb.sender.run_in(|| UdpSocket::bind((SENDER_IP, 0)))??;
+    socket.connect((RECEIVER_IP, PORT))?;
+    let mut payload = [0u8; 64];
+    for seq in 0u64.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        payload[..8].copy_from_slice(&seq.to_le_bytes());
+        socket.send(&payload)?;
+        std::thread::sleep(Duration::from_micros(700));
+    }
+    Ok(())
+}
+
+/// The interval TAI is in now.
+fn interval_now() -> i64 {
+    let realtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    (realtime + tai_offset_ns()) / INTERVAL_NS
+}
+
+/// Connects to the downstream point's peer port from `ns`, sends `bytes`, and reads until the
+/// point closes the connection (it refuses what it was sent).
+fn stranger(ns: &Netns, bytes: Vec<u8>) -> Result<()> {
+    ns.run_in(move || -> Result<()> {
+        let mut stream = TcpStream::connect(PEER_ADDR)?;
+        stream.set_read_timeout(Some(Duration::from_secs(8)))?;
+        stream.write_all(&bytes)?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).context("the downstream point kept a stranger's connection open")?;
+        Ok(())
+    })?
+}
+
+/// The upstream point's first `count` peer messages, from a capture of the control link: TCP
+/// payloads towards the peer port, in order (the frames are whole: the handshake's are small).
+fn first_messages(frames: &[(u64, Vec<u8>)], count: usize) -> Result<Vec<u8>> {
+    let port = PEER_ADDR.rsplit(':').next().unwrap().parse::<u16>()?.to_be_bytes();
+    let mut stream = Vec::new();
+    for (_, f) in frames {
+        if f.len() < 34 || f[12..14] != [8, 0] || f[23] != 6 {
+            continue;
+        }
+        let ip = 14;
+        let (ihl, total) = (usize::from(f[ip] & 0xf) * 4, usize::from(u16::from_be_bytes([f[ip + 2], f[ip + 3]])));
+        let tcp = ip + ihl;
+        if f[tcp + 2..tcp + 4] != port {
+            continue;
+        }
+        let payload = tcp + usize::from(f[tcp + 12] >> 4) * 4;
+        stream.extend_from_slice(&f[payload..(ip + total).min(f.len())]);
+    }
+    // Each message: a 24-byte header with its body's length at 16..20, the body, a 32-byte tag.
+    let mut end = 0;
+    for _ in 0..count {
+        let len = stream.get(end + 16..end + 20).context("the capture holds too few messages")?;
+        end += 24 + u32::from_le_bytes(len.try_into()?) as usize + 32;
+    }
+    ensure!(end <= stream.len(), "the capture holds too few messages");
+    Ok(stream[..end].to_vec())
+}
+
+/// Strangers at the downstream point's door (not a peer message, a Hello under another key,
+/// the upstream point's recorded handshake played again, a Hello with other settings) are
+/// refused and counted without disturbing the measurement; then each point is restarted in
+/// turn (its pinned banks reused) while traffic flows. Both keep running, every interval the
+/// downstream point could not measure is reported with a reason and without a figure, every
+/// figure it reports holds against the captures, and measuring resumes after each restart.
+#[test]
+fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
+    let tb = TwoPoint::new()?;
+    let root = PinRoot::new()?;
+    let top = format!("pin_root = \"{}\"\n", root.path.display());
+    let (up_config, down_config) = (config("up", &top), config("down", &top));
+    let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 11)?;
+    let mut down = Pirated::start(&tb.down, DOWN_IF, &down_config)?;
+    let mut control = Capture::start(&tb.down, "d-m", &["-Q", "in", "tcp"])?;
+    let mut up = Pirated::start(&tb.up, UP_IF, &up_config)?;
+    let filter = ["-Q", "in", "udp", "port", "9000"];
+    let (mut up_capture, mut down_capture) =
+        (Capture::start(&tb.up, UP_IF, &filter)?, Capture::start(&tb.down, DOWN_IF, &filter)?);
+    tb.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
+    let segment = |l: &Value| l["type"] == "segment";
+    let measured_after =
+        |i: i64| move |l: &Value| segment(l) && l["measured"] == true && l["interval"].as_i64() > Some(i);
+    let stop = AtomicBool::new(false);
+    let (mut lines, marks) = std::thread::scope(|s| -> Result<_> {
+        let sender = s.spawn(|| send_until(&tb, &stop));
+        let ran = (|| -> Result<_> {
+            down.wait_for(Duration::from_secs(8), measured_after(0))?;
+            let handshake = first_messages(&control.frames()?, 2)?;
+            let shape = |config: &str| -> Result<SegmentShape> {
+                Ok(pirated::config::Config::parse(&format!("interface = \"{UP_IF}\"\n{config}"))?.segment.shape())
+            };
+            let (ours, other) = (shape(&up_config)?, shape(&up_config.replace("\"1s\"", "\"2s\""))?);
+            let hello = |key: &[u8], shape| {
+                let nonce = [7; pirated::segment::wire::NONCE];
+                Message::Hello { up: true, shape, interval: interval_now() as u64, nonce }.encode(key)
+            };
+            stranger(&tb.up, b"GET /metrics HTTP/1.1\r\nHost: pirated\r\n\r\n".to_vec())?;
+            stranger(&tb.up, hello(b"not the key the points share", ours))?;
+            stranger(&tb.up, handshake)?;
+            stranger(&tb.up, hello(KEY.as_bytes(), other))?;
+            let strangers_gone = interval_now();
+            down.wait_for(Duration::from_secs(5), measured_after(strangers_gone + 1))?;
+            let refused = down.metrics(&tb.down)?;
+            // Upstream, stopped and started again.
+            up.stop()?;
+            let up_stopped = interval_now();
+            std::thread::sleep(Duration::from_millis(2500));
+            up = Pirated::start(&tb.up, UP_IF, &up_config)?;
+            let up_started = interval_now();
+            down.wait_for(Duration::from_secs(6), measured_after(up_started))?;
+            // Downstream, stopped and started again.
+            let mut lines = down.stop()?;
+            let down_stopped = interval_now();
+            wait_until(Duration::from_secs(5), "upstream sees the peer gone", || {
+                Ok(metric(&up.metrics(&tb.up)?, "pirated_segment_peer_up") == 0.0)
+            })?;
+            std::thread::sleep(Duration::from_millis(1500));
+            down = Pirated::start(&tb.down, DOWN_IF, &down_config)?;
+            let down_started = interval_now();
+            down.wait_for(Duration::from_secs(6), measured_after(down_started))?;
+            wait_until(Duration::from_secs(5), "upstream sees the peer back", || {
+                Ok(metric(&up.metrics(&tb.up)?, "pirated_segment_peer_up") == 1.0)
+            })?;
+            let after = down.lines();
+            let last = after.iter().filter(|l| segment(l)).filter_map(|l| l["interval"].as_i64()).max().unwrap();
+            down.wait_for(Duration::from_secs(4), measured_after(last))?;
+            Ok((
+                lines.drain(..).chain(down.stop()?).collect::<Vec<_>>(),
+                [up_stopped, up_started, down_stopped, down_started],
+                refused,
+                strangers_gone,
+            ))
+        })();
+        stop.store(true, Ordering::Relaxed);
+        sender.join().unwrap()?;
+        let (lines, marks, refused, strangers_gone) = ran?;
+        Ok((lines, (marks, refused, strangers_gone)))
+    })?;
+    let ([up_stopped, up_started, down_stopped, down_started], refused, strangers_gone) = marks;
+    up.stop()?;
+    emulator.stop()?;
+    for (reason, count) in [("malformed", 1.0), ("authentication", 2.0), ("shape", 1.0)] {
+        let got = metric(&refused, &format!("pirated_segment_peer_refused_total{{reason=\"{reason}\"}}"));
+        assert_eq!(got, count, "refusals for {reason}");
+    }
+    let offset = tai_offset_ns();
+    let truths = truths(&probes(up_capture.frames()?, offset), &probes(down_capture.frames()?, offset));
+    lines.retain(segment);
+    let interval = |l: &Value| l["interval"].as_i64().unwrap();
+    let first_measured = lines.iter().find(|l| l["measured"] == true).map(interval).unwrap();
+    let mut judged = [0; 3];
+    for line in &lines {
+        let i = interval(line);
+        let phase = match i {
+            _ if i < up_stopped => 0,
+            _ if i <= down_stopped => 1,
+            _ => 2,
+        };
+        let unmeasured = line["measured"] == false;
+        println!(
+            "interval {i} (phase {phase}): {}",
+            if unmeasured { line["reason"].to_string() } else { "measured".into() }
+        );
+        if unmeasured {
+            assert!(line["reason"].is_string() && line["rda"].is_null() && line["lda"].is_null(), "{line}");
+        }
+        // The strangers came and went while the real connection measured on.
+        if (first_measured..up_stopped - 1).contains(&i) {
+            assert!(!unmeasured, "{line}");
+        }
+        // Upstream away, or starting within the interval: no figure.
+        if (up_stopped..=up_started).contains(&i) || (down_stopped..=down_started).contains(&i) {
+            assert!(unmeasured, "{line}");
+        }
+        if !unmeasured {
+            if let Some(j) = judge(line, &truths) {
+                assert!(j.mean < 1e-4 && j.std < 0.1 && j.lda < 0.01, "{line}");
+                judged[phase] += 1;
+            }
+        }
+    }
+    let reasons = |from: i64, to: i64| -> Vec<String> {
+        lines.iter().filter(|l| (from..=to).contains(&interval(l))).map(|l| l["reason"].to_string()).collect()
+    };
+    println!(
+        "strangers gone in {strangers_gone}; upstream stopped in {up_stopped}, started in {up_started}; downstream stopped in {down_stopped}, started in {down_started}; intervals judged against the captures per phase {judged:?}"
+    );
+    assert!(
+        reasons(up_stopped + 1, up_started - 1).iter().any(|r| r.contains(NO_UPSTREAM)),
+        "{:?}",
+        reasons(up_stopped, up_started)
+    );
+    assert!(judged.iter().all(|&n| n >= 1), "a phase without an interval to judge: {judged:?}");
     Ok(())
 }

@@ -1,9 +1,12 @@
 //! The TCP link between the two points: the upstream point connects (and reconnects, every
-//! second while the downstream one is away), the downstream point listens, and a newer
-//! connection replaces an older one. Each side starts with a Hello; the link then carries
-//! messages both ways, each checked against replay: an interval already seen for its kind, or
-//! more than a few intervals from this point's clock, is refused. A refused message drops the
-//! connection (logged, counted); nothing a peer sends can stop the daemon.
+//! second while the downstream one is away), the downstream point listens. A connection first
+//! goes through a handshake (a Hello each way under the pre-shared key, then a Ready each way
+//! under the connection's session key), and only one that completes it replaces the current
+//! connection: a stranger, a wrong key or a recorded connection played again is refused without
+//! disturbing the measurement. After it, the link carries messages both ways, each checked
+//! against replay: an interval already seen for its kind, or more than a few intervals from this
+//! point's clock, is refused. A refused message drops the connection (logged, counted); nothing
+//! a peer sends can stop the daemon.
 
 use std::{
     sync::{
@@ -16,20 +19,24 @@ use std::{
 use pirate_common::segment::SegmentShape;
 use tokio::{
     io::AsyncWriteExt,
-    net::{TcpListener, TcpStream},
-    sync::mpsc,
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpListener, TcpStream,
+    },
+    sync::{mpsc, Mutex},
+    task::JoinHandle,
 };
 use tracing::{info, warn};
 
 use super::{
     clock,
-    wire::{Message, Refusal},
+    wire::{self, Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
 };
 
 /// Intervals a message may be away from this point's current one.
 const WINDOW: u64 = 4;
-/// How long a new connection has to say Hello.
-const HELLO_WITHIN: Duration = Duration::from_secs(5);
+/// How long a new connection has to complete the handshake.
+const HANDSHAKE_WITHIN: Duration = Duration::from_secs(5);
 /// Messages waiting to be sent, or to be handled, at most.
 const QUEUE: usize = 64;
 
@@ -39,13 +46,13 @@ pub struct Link {
     pub incoming: mpsc::Receiver<Message>,
     /// Messages to the peer; dropped while it is away.
     pub outgoing: mpsc::Sender<Message>,
-    /// Whether a peer is connected and has said Hello.
+    /// Whether a peer is connected and has completed the handshake.
     pub up: Arc<AtomicBool>,
     /// Refusals, for the metrics.
     pub refusals: mpsc::UnboundedReceiver<&'static str>,
 }
 
-/// What a session needs besides its stream.
+/// What a connection needs besides its stream.
 #[derive(Clone)]
 struct Session {
     key: Arc<Vec<u8>>,
@@ -54,6 +61,14 @@ struct Session {
     incoming: mpsc::Sender<Message>,
     up: Arc<AtomicBool>,
     refusals: mpsc::UnboundedSender<&'static str>,
+}
+
+/// A connection past its handshake, with its session key.
+struct Established {
+    reader: OwnedReadHalf,
+    writer: OwnedWriteHalf,
+    peer: String,
+    key: [u8; 32],
 }
 
 impl Link {
@@ -67,7 +82,9 @@ impl Link {
                     Ok(stream) => {
                         failing = false;
                         info!(%peer, "segment: connected to the downstream point");
-                        session.run(stream, &mut outgoing).await;
+                        if let Some(established) = session.handshake(stream, peer.clone()).await {
+                            session.serve(established, &mut outgoing).await;
+                        }
                     }
                     Err(e) if !failing => {
                         warn!(%peer, "segment: cannot reach the downstream point ({e}); retrying every second");
@@ -81,34 +98,40 @@ impl Link {
         link
     }
 
-    /// The downstream point's link: serves the upstream point on `listener`.
+    /// The downstream point's link: serves the upstream point on `listener`. Each connection's
+    /// handshake runs on its own; the newest connection to complete one replaces the current.
     pub fn listen(listener: TcpListener, key: Vec<u8>, shape: SegmentShape) -> Link {
-        let (link, session, mut outgoing) = Link::new(key, shape, false);
+        let (link, session, outgoing) = Link::new(key, shape, false);
+        let outgoing = Arc::new(Mutex::new(outgoing));
         tokio::spawn(async move {
-            let mut next: Option<(TcpStream, std::net::SocketAddr)> = None;
+            let (ready, mut established) = mpsc::channel::<Established>(1);
+            let mut current: Option<JoinHandle<()>> = None;
             loop {
-                let (stream, from) = match next.take() {
-                    Some(accepted) => accepted,
-                    None => match listener.accept().await {
-                        Ok(accepted) => accepted,
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, from)) => {
+                            let (session, ready) = (session.clone(), ready.clone());
+                            tokio::spawn(async move {
+                                if let Some(e) = session.handshake(stream, from.to_string()).await {
+                                    let _ = ready.send(e).await;
+                                }
+                            });
+                        }
                         Err(e) => {
                             warn!("segment: accepting a peer connection: {e}");
                             tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
                         }
                     },
-                };
-                info!(%from, "segment: the upstream point connected");
-                tokio::select! {
-                    () = session.run(stream, &mut outgoing) => {}
-                    accepted = listener.accept() => {
-                        if let Ok(accepted) = accepted {
-                            info!(from = %accepted.1, "segment: a newer connection replaces the current one");
-                            next = Some(accepted);
+                    Some(e) = established.recv() => {
+                        if let Some(old) = current.take().filter(|old| !old.is_finished()) {
+                            info!(from = %e.peer, "segment: a newer connection replaces the current one");
+                            old.abort();
                         }
+                        let (session, outgoing) = (session.clone(), outgoing.clone());
+                        // The replaced connection's task releases the queue when its abort lands.
+                        current = Some(tokio::spawn(async move { session.serve(e, &mut *outgoing.lock().await).await }));
                     }
                 }
-                session.up.store(false, Ordering::Relaxed);
             }
         });
         link
@@ -132,50 +155,63 @@ impl Link {
 }
 
 impl Session {
-    /// Runs one connection until it fails or is refused.
-    async fn run(&self, stream: TcpStream, outgoing: &mut mpsc::Receiver<Message>) {
+    /// Hellos, then Readys under the session key: the connection established, or refused
+    /// (logged and counted) and dropped.
+    async fn handshake(&self, stream: TcpStream, peer: String) -> Option<Established> {
         let _ = stream.set_nodelay(true);
-        let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
         let (mut reader, mut writer) = stream.into_split();
-        let interval = self.shape.interval(clock::now());
-        let hello = Message::Hello { up: self.upstream, shape: self.shape, interval }.encode(&self.key);
-        if let Err(e) = writer.write_all(&hello).await {
-            warn!(%peer, "segment: saying hello: {e}");
-            return;
-        }
-        let greeted = match tokio::time::timeout(HELLO_WITHIN, Message::read(&mut reader, &self.key)).await {
-            Ok(Ok(m)) => self.check_hello(m),
-            Ok(Err(refusal)) => Err(refusal),
-            Err(_) => Err(Refusal::new("malformed", format!("no hello within {HELLO_WITHIN:?}"))),
+        let steps = async {
+            let ours = wire::nonce().map_err(|e| Refusal::io(format!("drawing a nonce: {e}")))?;
+            let interval = self.shape.interval(clock::now());
+            let hello = Message::Hello { up: self.upstream, shape: self.shape, interval, nonce: ours };
+            send(&mut writer, &hello.encode(&self.key)).await?;
+            let theirs = self.check_hello(Message::read(&mut reader, &self.key, HELLO_BODY).await?)?;
+            let (up, down) = if self.upstream { (&ours, &theirs) } else { (&theirs, &ours) };
+            let key = wire::session_key(&self.key, up, down);
+            send(&mut writer, &Message::Ready { interval }.encode(&key)).await?;
+            match Message::read(&mut reader, &key, 0).await? {
+                Message::Ready { interval } => self.fresh(interval)?,
+                _ => return Err(Refusal::new("malformed", "the message after the hello was not a ready".into())),
+            }
+            Ok(key)
         };
-        if let Err(refusal) = greeted {
-            self.refuse(&peer, refusal);
-            return;
+        let outcome = tokio::time::timeout(HANDSHAKE_WITHIN, steps)
+            .await
+            .unwrap_or_else(|_| Err(Refusal::new("malformed", format!("no handshake within {HANDSHAKE_WITHIN:?}"))));
+        match outcome {
+            Ok(key) => Some(Established { reader, writer, peer, key }),
+            Err(refusal) => {
+                self.refuse(&peer, refusal);
+                None
+            }
         }
+    }
+
+    /// Runs an established connection until it fails or is refused.
+    async fn serve(&self, mut c: Established, outgoing: &mut mpsc::Receiver<Message>) {
         self.up.store(true, Ordering::Relaxed);
         // Stale messages queued while no peer was there are of no use to this one.
         while outgoing.try_recv().is_ok() {}
-        let mut last = [0u64; 5];
+        let mut last = [0u64; KINDS + 1];
         loop {
             tokio::select! {
-                read = Message::read(&mut reader, &self.key) => {
-                    let checked = read.and_then(|m| self.check(&mut last, m));
-                    match checked {
+                read = Message::read(&mut c.reader, &c.key, MAX_BODY) => {
+                    match read.and_then(|m| self.check(&mut last, m)) {
                         Ok(m) => {
                             if self.incoming.send(m).await.is_err() {
-                                return;
+                                break;
                             }
                         }
                         Err(refusal) => {
-                            self.refuse(&peer, refusal);
+                            self.refuse(&c.peer, refusal);
                             break;
                         }
                     }
                 }
                 out = outgoing.recv() => {
-                    let Some(out) = out else { return };
-                    if let Err(e) = writer.write_all(&out.encode(&self.key)).await {
-                        warn!(%peer, "segment: sending to the peer: {e}");
+                    let Some(out) = out else { break };
+                    if let Err(e) = c.writer.write_all(&out.encode(&c.key)).await {
+                        warn!(peer = %c.peer, "segment: sending to the peer: {e}");
                         break;
                     }
                 }
@@ -184,8 +220,9 @@ impl Session {
         self.up.store(false, Ordering::Relaxed);
     }
 
-    fn check_hello(&self, m: Message) -> Result<(), Refusal> {
-        let Message::Hello { up, shape, interval } = m else {
+    /// The peer's nonce, if its Hello is one this point can measure with.
+    fn check_hello(&self, m: Message) -> Result<[u8; wire::NONCE], Refusal> {
+        let Message::Hello { up, shape, interval, nonce } = m else {
             return Err(Refusal::new("malformed", "the first message was not a hello".into()));
         };
         if up == self.upstream {
@@ -198,13 +235,14 @@ impl Session {
                 format!("the peer's segment settings differ (peer {shape:?}, here {:?}): both points need the same interval, lda_*, rda_*, packets and sample_zeros", self.shape),
             ));
         }
-        self.fresh(interval)
+        self.fresh(interval)?;
+        Ok(nonce)
     }
 
     /// Refuses a message of an interval already seen for its kind, or far from now.
-    fn check(&self, last: &mut [u64; 5], m: Message) -> Result<Message, Refusal> {
-        if let Message::Hello { .. } = m {
-            return Err(Refusal::new("malformed", "a second hello".into()));
+    fn check(&self, last: &mut [u64; KINDS + 1], m: Message) -> Result<Message, Refusal> {
+        if let Message::Hello { .. } | Message::Ready { .. } = m {
+            return Err(Refusal::new("malformed", "a second handshake".into()));
         }
         let kind = m.kind() as usize;
         let interval = m.interval();
@@ -235,4 +273,8 @@ impl Session {
         warn!(%peer, reason = refusal.reason, "segment: refused the peer: {refusal}");
         let _ = self.refusals.send(refusal.reason);
     }
+}
+
+async fn send(writer: &mut OwnedWriteHalf, frame: &[u8]) -> Result<(), Refusal> {
+    writer.write_all(frame).await.map_err(|e| Refusal::io(format!("sending: {e}")))
 }

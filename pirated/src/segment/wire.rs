@@ -1,7 +1,12 @@
 //! The peer protocol between a segment's two points: length-prefixed messages over TCP, each
-//! authenticated with HMAC-SHA256 under the pre-shared key and numbered by measurement
-//! interval (a receiver accepts each kind only for newer intervals near its own clock's, so a
-//! recorded message cannot be played again), and versioned. Fields are little-endian.
+//! authenticated with HMAC-SHA256, numbered by measurement interval, and versioned. Fields are
+//! little-endian.
+//!
+//! A connection starts with a Hello each way, authenticated under the pre-shared key and
+//! carrying a fresh random nonce; every later message is authenticated under a session key
+//! derived from the key and both nonces ([`session_key`]), starting with a Ready each way. So a
+//! recorded connection played again fails at its Ready (the nonces differ), and within a
+//! connection each kind is accepted only for newer intervals near the receiver's clock.
 //!
 //! A frame: `PSEG`, version (u16), kind (u8), 0 (u8), interval (u64), body length (u32), 0
 //! (u32), the body, then the 32-byte tag over all before it.
@@ -17,12 +22,16 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 pub const MAGIC: [u8; 4] = *b"PSEG";
 /// The protocol's version: a peer speaking another is refused with both numbers.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 const HEADER: usize = 24;
 const TAG: usize = 32;
+/// Bytes of a Hello's nonce.
+pub const NONCE: usize = 16;
 /// The largest body accepted, checked before anything is read into memory: the largest
 /// banks (4 × 2^16 buckets of 24 bytes, both kinds) fit well within it.
 pub const MAX_BODY: u32 = 64 << 20;
+/// The largest body accepted before the peer has proved it holds the key: a Hello's.
+pub const HELLO_BODY: u32 = 128;
 
 /// A point's record of one interval: what the upstream point sends after each.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -38,11 +47,17 @@ pub struct Record {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
-    /// Sent by both on connecting: which end, the shape (the points must agree on it), and the
-    /// interval the sender is in.
+    /// Sent by both on connecting, under the pre-shared key: which end, the shape (the points
+    /// must agree on it), the interval the sender is in, and a fresh nonce for the session key.
     Hello {
         up: bool,
         shape: SegmentShape,
+        interval: u64,
+        nonce: [u8; NONCE],
+    },
+    /// Sent by both after the Hellos, under the session key: proves the sender holds the key
+    /// in this connection (a Hello alone can be a recording).
+    Ready {
         interval: u64,
     },
     Record(Record),
@@ -59,34 +74,39 @@ pub enum Message {
 }
 
 impl Message {
-    /// Its kind's number on the wire (1..=4).
+    /// Its kind's number on the wire (1..=KINDS).
     pub fn kind(&self) -> u8 {
         match self {
             Message::Hello { .. } => 1,
             Message::Record(_) => 2,
             Message::Request { .. } => 3,
             Message::Stamps { .. } => 4,
+            Message::Ready { .. } => 5,
         }
     }
 
     pub fn interval(&self) -> u64 {
         match self {
-            Message::Hello { interval, .. } | Message::Request { interval, .. } | Message::Stamps { interval, .. } => {
-                *interval
-            }
+            Message::Hello { interval, .. }
+            | Message::Request { interval, .. }
+            | Message::Stamps { interval, .. }
+            | Message::Ready { interval } => *interval,
             Message::Record(r) => r.interval,
         }
     }
 
-    /// The message framed and authenticated under `key`.
+    /// The message framed and authenticated under `key` (the pre-shared key for a Hello, the
+    /// session key for the rest).
     pub fn encode(&self, key: &[u8]) -> Vec<u8> {
         let mut body = Vec::new();
         match self {
-            Message::Hello { up, shape, .. } => {
+            Message::Hello { up, shape, nonce, .. } => {
                 body.push(*up as u8);
                 body.extend_from_slice(&[0; 7]);
                 put_shape(&mut body, shape);
+                body.extend_from_slice(nonce);
             }
+            Message::Ready { .. } => {}
             Message::Record(r) => {
                 body.push(r.measured as u8);
                 body.extend_from_slice(&[0; 7]);
@@ -124,10 +144,10 @@ impl Message {
         out
     }
 
-    /// Reads one message from `from`. `Err` says why a message was refused (the connection is
-    /// then dropped: after a bad frame the stream cannot be trusted to be in step); an I/O
-    /// error, or the peer closing, is an `Err` too.
-    pub async fn read(from: &mut (impl AsyncRead + Unpin), key: &[u8]) -> Result<Message, Refusal> {
+    /// Reads one message of at most `max_body` bytes of body from `from`. `Err` says why a
+    /// message was refused (the connection is then dropped: after a bad frame the stream cannot
+    /// be trusted to be in step); an I/O error, or the peer closing, is an `Err` too.
+    pub async fn read(from: &mut (impl AsyncRead + Unpin), key: &[u8], max_body: u32) -> Result<Message, Refusal> {
         let mut header = [0u8; HEADER];
         from.read_exact(&mut header).await.map_err(|e| Refusal::io(format!("reading a message: {e}")))?;
         if header[..4] != MAGIC {
@@ -141,8 +161,8 @@ impl Message {
             return Err(Refusal::new("version", format!("protocol version {version}, this pirated speaks {VERSION}")));
         }
         let len = u32::from_le_bytes(header[16..20].try_into().unwrap());
-        if len > MAX_BODY {
-            return Err(Refusal::new("malformed", format!("a body of {len} bytes, above the limit of {MAX_BODY}")));
+        if len > max_body {
+            return Err(Refusal::new("malformed", format!("a body of {len} bytes, above the limit of {max_body}")));
         }
         let mut rest = vec![0u8; len as usize + TAG];
         from.read_exact(&mut rest).await.map_err(|e| Refusal::io(format!("reading a message body: {e}")))?;
@@ -170,7 +190,7 @@ impl Refusal {
         Refusal { reason, detail }
     }
 
-    fn io(detail: String) -> Refusal {
+    pub fn io(detail: String) -> Refusal {
         Refusal::new("io", detail)
     }
 }
@@ -178,6 +198,31 @@ impl Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.detail)
+    }
+}
+
+/// Number of message kinds.
+pub const KINDS: usize = 5;
+
+/// The key a connection's messages after the Hellos are authenticated under.
+pub fn session_key(key: &[u8], up_nonce: &[u8; NONCE], down_nonce: &[u8; NONCE]) -> [u8; 32] {
+    mac(key)
+        .chain_update(b"pirated segment session")
+        .chain_update(up_nonce)
+        .chain_update(down_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// A fresh nonce from the kernel's random source.
+pub fn nonce() -> std::io::Result<[u8; NONCE]> {
+    let mut n = [0u8; NONCE];
+    // SAFETY: writes at most NONCE bytes into `n`.
+    let got = unsafe { libc::getrandom(n.as_mut_ptr().cast(), NONCE, 0) };
+    match got == NONCE as isize {
+        true => Ok(n),
+        false => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -239,7 +284,8 @@ fn parse(kind: u8, interval: u64, body: &[u8]) -> Option<Message> {
             let (sample_zeros, flags) = (r.u32()?, r.u32()?);
             let shape =
                 SegmentShape { interval_ns, lda: LdaShape { rows, banks, zeros }, rda, sample_zeros, flags, _pad: 0 };
-            Message::Hello { up, shape, interval }
+            let nonce = r.take(NONCE)?.try_into().ok()?;
+            Message::Hello { up, shape, interval, nonce }
         }
         2 => {
             let measured = r.take(8)?[0] != 0;
@@ -266,6 +312,7 @@ fn parse(kind: u8, interval: u64, body: &[u8]) -> Option<Message> {
             let stamps = (0..n).map(|_| Some(CacheEntry { id: r.u64()?, ts: r.u64()? })).collect::<Option<_>>()?;
             Message::Stamps { interval, stamps }
         }
+        5 => Message::Ready { interval },
         _ => return None,
     };
     // Nothing may follow what the kind holds.
@@ -295,7 +342,8 @@ mod tests {
             rda: vec![RdaBucket { id_xor: 0xdead_beef, ts_sum: 12, count: -1 }; 6],
         };
         vec![
-            Message::Hello { up: true, shape, interval: 5 },
+            Message::Hello { up: true, shape, interval: 5, nonce: [7; NONCE] },
+            Message::Ready { interval: 5 },
             Message::Record(record),
             Message::Request { interval: 6, ids: vec![1, 2, u64::MAX] },
             Message::Stamps { interval: 6, stamps: vec![CacheEntry { id: 2, ts: 3 }] },
@@ -303,7 +351,7 @@ mod tests {
     }
 
     async fn read(bytes: &[u8], key: &[u8]) -> Result<Message, Refusal> {
-        Message::read(&mut &bytes[..], key).await
+        Message::read(&mut &bytes[..], key, MAX_BODY).await
     }
 
     /// Every message reads back as written.
@@ -318,7 +366,7 @@ mod tests {
     /// and a body longer than its kind holds are each refused with a reason, never a panic.
     #[tokio::test]
     async fn bad_messages_are_refused_with_a_reason() {
-        let frame = messages()[1].encode(KEY);
+        let frame = messages()[2].encode(KEY);
         let refused = |r: Result<Message, Refusal>, what: &str| {
             let refusal = r.expect_err("refused");
             assert!(refusal.detail.contains(what), "{refusal:?} should say {what:?}");
@@ -337,6 +385,8 @@ mod tests {
         huge[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         refused(read(&huge, KEY).await, "limit");
         refused(read(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", KEY).await, "not a pirated");
+        // Before the handshake, a body larger than a Hello's is not read.
+        refused(Message::read(&mut &frame[..], KEY, HELLO_BODY).await, "limit");
         // Authentic, but a Request claiming more ids than it carries.
         let mut body = 5u64.to_le_bytes().to_vec();
         body.extend_from_slice(&1u64.to_le_bytes());
@@ -350,5 +400,16 @@ mod tests {
         let tag = mac(KEY).chain_update(&forged).finalize().into_bytes();
         forged.extend_from_slice(&tag);
         refused(read(&forged, KEY).await, "malformed");
+    }
+
+    /// A Hello fits the limit before the handshake; a session key is the connection's own.
+    #[test]
+    fn hellos_fit_and_session_keys_differ() {
+        assert!(messages()[0].encode(KEY).len() <= HEADER + HELLO_BODY as usize + TAG);
+        let (a, b) = (nonce().unwrap(), nonce().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(session_key(KEY, &a, &b), session_key(KEY, &a, &b));
+        assert_ne!(session_key(KEY, &a, &b), session_key(KEY, &b, &a));
+        assert_ne!(session_key(KEY, &a, &b), session_key(b"another key, also long enough", &a, &b));
     }
 }

@@ -55,6 +55,25 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Replay two captures of the same traffic, one at each point of a segment, through the
+    /// segment's per-packet step and the downstream point's reconciliation; prints a JSON line
+    /// per interval (`"type": "segment"`) as the live downstream point does. `[segment]` in the
+    /// configuration gives the interval and the banks (its role is not used). Needs no
+    /// privileges.
+    ReplaySegment {
+        /// A classic pcap file captured at the upstream point.
+        #[arg(long, value_name = "FILE")]
+        up: PathBuf,
+        /// A classic pcap file captured at the downstream point.
+        #[arg(long, value_name = "FILE")]
+        down: PathBuf,
+        /// Seconds TAI was ahead of UTC when the captures were taken (live points cut intervals
+        /// on TAI; captures stamp UTC). Default: this host's offset now.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+        tai_offset: Option<i64>,
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -120,6 +139,11 @@ fn main() {
         Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock())),
+        Some(Command::ReplaySegment { up, down, tai_offset, config }) => load(config.or(cli.run.config).as_ref())
+            .and_then(|c| {
+                let offset = tai_offset.map_or_else(segment::clock::tai_offset_ns, |s| s * 1_000_000_000);
+                segment::replay::run(&c.segment, &up, &down, offset, &mut std::io::stdout().lock())
+            }),
     };
     if let Err(e) = result {
         eprintln!("pirated: error: {e:#}");

@@ -66,17 +66,3 @@ impl TwoPoint {
         Ok(TwoPoint { sender, up, down, receiver, segment })
     }
 }
-
-/// TAI minus the realtime clock (what captures stamp with), in ns: pirated cuts intervals on
-/// TAI.
-pub fn tai_offset_ns() -> i64 {
-    let read = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: a valid timespec to write into.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-    };
-    let (realtime, tai) = (read(libc::CLOCK_REALTIME), read(libc::CLOCK_TAI));
-    // Whole seconds: the offset is a leap-second count, and the reads are apart by a few µs.
-    ((tai - realtime) as f64 / 1e9).round() as i64 * 1_000_000_000
-}

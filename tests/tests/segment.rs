@@ -8,8 +8,11 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    ffi::OsStr,
     io::{Read, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
+    path::Path,
+    process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
@@ -20,10 +23,10 @@ use pirate_tests::{
     capture::Capture,
     linkem::{probe::Probes, LinkSpec},
     netns::Netns,
-    testbed::{metric, wait_until, PinRoot, Pirated},
-    twopoint::{tai_offset_ns, TwoPoint, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+    testbed::{metric, wait_until, workspace_binary, PinRoot, Pirated},
+    twopoint::{TwoPoint, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
-use pirated::segment::{reconcile::NO_UPSTREAM, wire::Message};
+use pirated::segment::{clock::tai_offset_ns, reconcile::NO_UPSTREAM, wire::Message};
 use serde_json::Value;
 
 const PORT: u16 = 9000;
@@ -177,7 +180,9 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     let dst: SocketAddr = format!("{RECEIVER_IP}:{PORT}").parse()?;
     probes_run.run(&tb.sender, SENDER_IP.parse()?, &tb.receiver, dst)?;
     let offset = tai_offset_ns();
-    let (sent, arrived) = (probes(up_capture.frames()?, offset), probes(down_capture.frames()?, offset));
+    let (up_frames, down_frames) = (up_capture.frames()?, down_capture.frames()?);
+    let replayed = replay(&config("down", ""), up_capture.path(), down_capture.path())?;
+    let (sent, arrived) = (probes(up_frames, offset), probes(down_frames, offset));
     let last = sent.values().max().context("no probe passed U")? / INTERVAL_NS;
     down.wait_for(Duration::from_secs(5), |l| l["type"] == "segment" && l["interval"].as_i64() >= Some(last + 1))?;
     let lines = down.stop()?;
@@ -185,6 +190,7 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     emulator.stop()?;
     let truths = truths(&sent, &arrived);
     let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
+    let mut worst_replayed = 0.0f64;
     for line in lines.iter().filter(|l| l["type"] == "segment") {
         let Some(j) = judge(line, &truths) else { continue };
         undecoded += u32::from(!j.decoded);
@@ -192,10 +198,22 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
         worst_std = worst_std.max(j.std);
         worst_lda = worst_lda.max(j.lda);
         compared += 1;
+        // The same interval replayed from the captures: the same packets lost and reordered,
+        // the same mean (the captures' stamps are the truth's, so closer to it still).
+        let again = replayed.iter().find(|r| r["interval"] == line["interval"]).context("an interval not replayed")?;
+        let r = judge(again, &truths).context("judged live, not in replay")?;
+        if j.decoded && r.decoded {
+            assert_eq!(
+                (&again["rda"]["lost"], &again["rda"]["reordered"]),
+                (&line["rda"]["lost"], &line["rda"]["reordered"])
+            );
+        }
+        assert!(r.mean <= worst_mean.max(1e-5) && r.std < 0.1 && r.lda < 0.01, "{again}");
+        worst_replayed = worst_replayed.max(r.mean);
     }
     println!(
-        "{compared} intervals ({undecoded} not decoded whole): worst RDA mean {:.2e}, std-dev {:.3}, LDA mean {:.2e}",
-        worst_mean, worst_std, worst_lda
+        "{compared} intervals ({undecoded} not decoded whole): worst RDA mean {:.2e}, std-dev {:.3}, LDA mean {:.2e}; replayed from the captures, worst RDA mean {:.2e}",
+        worst_mean, worst_std, worst_lda, worst_replayed
     );
     assert!(compared >= 4, "only {compared} intervals to compare");
     assert!(undecoded <= 1, "{undecoded} intervals not decoded whole");
@@ -203,6 +221,26 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
     assert!(worst_std < 0.1, "RDA std-dev off by {worst_std:.3}");
     assert!(worst_lda < 0.01, "LDA mean off by {worst_lda:.2e}");
     Ok(())
+}
+
+/// `pirated replay-segment` over the two captures, with a point's configuration: its lines.
+fn replay(config: &str, up: &Path, down: &Path) -> Result<Vec<Value>> {
+    let path = std::env::temp_dir().join(format!("pirated-replay-segment-{}.toml", std::process::id()));
+    std::fs::write(&path, format!("interface = \"{DOWN_IF}\"\n{config}"))?;
+    let out = Command::new(workspace_binary("pirated")?)
+        .arg("replay-segment")
+        .args([OsStr::new("--config"), path.as_os_str(), OsStr::new("--up"), up.as_os_str()])
+        .args([OsStr::new("--down"), down.as_os_str()])
+        .output()?;
+    std::fs::remove_file(&path)?;
+    ensure!(out.status.success(), "pirated replay-segment: {}", String::from_utf8_lossy(&out.stderr));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    Ok(out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(serde_json::from_slice)
+        .collect::<Result<_, _>>()?)
 }
 
 /// The sender's probes (each its sequence number, as [`probes`] reads them) every 700 µs until

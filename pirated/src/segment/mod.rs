@@ -10,6 +10,7 @@ pub mod peer;
 pub mod point;
 pub mod rda;
 pub mod reconcile;
+pub mod replay;
 pub mod synthetic;
 pub mod wire;
 

@@ -406,6 +406,15 @@ impl Config {
         self.fridge.validate()?;
         self.lb.validate()?;
         self.segment.validate()?;
+        if self.segment.role == segment::Role::Both && self.segment.down_interface == self.interface {
+            return refuse(
+                &["segment.down_interface"],
+                format!(
+                    "segment.down_interface = {:?} is `interface` too: the downstream point needs the other port",
+                    self.interface
+                ),
+            );
+        }
         for (key, v) in [
             ("min_mode_share", p.min_mode_share),
             ("min_time_share", p.min_time_share),
@@ -429,6 +438,20 @@ impl Config {
             min_share_q20: (p.min_mode_share * (1u64 << 20) as f64).floor() as u32,
             straggler_share_q20: (p.straggler_share * (1u64 << 20) as f64).floor() as u32,
         }
+    }
+
+    /// With `segment.role = "both"`, the downstream point's chain: on `segment.down_interface`,
+    /// instance `<instance>-down` (pins of its own), no fridges, no forwarder, and a token flow
+    /// table (pirated unchains Pirate there: only the segment program runs).
+    pub fn downstream_point(&self) -> Option<Config> {
+        (self.segment.role == segment::Role::Both).then(|| Config {
+            interface: self.segment.down_interface.clone(),
+            instance: format!("{}-down", self.instance),
+            max_flows: 1024,
+            fridge: FridgeConfig { enabled: false, ..self.fridge.clone() },
+            lb: LbConfig::default(),
+            ..self.clone()
+        })
     }
 
     /// Both estimators' settings.

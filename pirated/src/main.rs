@@ -159,7 +159,14 @@ fn check(path: Option<PathBuf>) -> anyhow::Result<()> {
 
 fn detach(path: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load(path.as_ref())?;
-    if Datapath::detach(&config)? {
+    if let Some(down) = config.downstream_point() {
+        detach_instance(&down)?;
+    }
+    detach_instance(&config)
+}
+
+fn detach_instance(config: &Config) -> anyhow::Result<()> {
+    if Datapath::detach(config)? {
         eprintln!("pirated: detached instance {:?} and removed its pins in {}", config.instance, config.pin_root);
     } else {
         eprintln!("pirated: instance {:?} has nothing pinned in {}", config.instance, config.pin_root);
@@ -198,7 +205,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let mut dp = Datapath::attach(&config)?;
         let segment =
-            segment::live::spawn(&config.segment, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines())).await?;
+            segment::live::spawn(&config, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines())).await?;
         let mut live = Live::new(dp, &config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let result = epoch::run(&config, &mut live, metrics, lines.as_ref(), shutdown).await;

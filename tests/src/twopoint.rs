@@ -8,6 +8,12 @@
 //! ```
 //! pirated U measures on `u-s` (the sender's packets entering U), pirated D on `d-u` (the same
 //! packets entering D after the emulator).
+//!
+//! [`TwoPorts`] is the segment between two ports of one host instead, for one pirated on both:
+//!
+//! ```text
+//!  snd s-u ── u-s [mid] u-d ══ emulator ══ d-u [mid] d-r ── r-d rcv
+//! ```
 
 use anyhow::Result;
 
@@ -55,14 +61,60 @@ impl TwoPoint {
             ns.offloads_off(ifname)?;
             ns.addr(ifname, cidr)?;
         }
-        for ns in [&up, &down] {
-            ns.sysctl("net.ipv4.ip_forward", "1")?;
-            ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
-        }
+        routing(&up)?;
+        routing(&down)?;
         sender.route("10.204.3.0/24", "10.204.1.2")?;
         up.route("10.204.3.0/24", "10.204.2.2")?;
         receiver.route("10.204.1.0/24", "10.204.3.1")?;
         down.route("10.204.1.0/24", "10.204.2.1")?;
         Ok(TwoPoint { sender, up, down, receiver, segment })
+    }
+}
+
+/// A point forwards the sender's packets, which may come back in on another interface.
+fn routing(ns: &Netns) -> Result<()> {
+    ns.sysctl("net.ipv4.ip_forward", "1")?;
+    ns.sysctl("net.ipv4.conf.all.rp_filter", "0")
+}
+
+/// One host at both ends of the segment: the sender's packets enter `mid` on `u-s`, leave on
+/// `u-d` (routed by input interface) through the emulator, enter `mid` again on `d-u` and go
+/// on to the receiver; one pirated measures on `u-s` and `d-u`.
+pub struct TwoPorts {
+    pub sender: Netns,
+    pub mid: Netns,
+    pub receiver: Netns,
+    /// `u-d` → `d-u` (`ab`).
+    pub segment: EmuLink,
+}
+
+impl TwoPorts {
+    pub fn new() -> Result<TwoPorts> {
+        require_root()?;
+        let (sender, mid, receiver) = (Netns::new("snd")?, Netns::new("mid")?, Netns::new("rcv")?);
+        veth(&sender, "s-u", &mid, UP_IF)?;
+        let segment = EmuLink::between(&mid, "u-d", &mid, DOWN_IF)?;
+        veth(&mid, "d-r", &receiver, "r-d")?;
+        for (ns, ifname, cidr) in [
+            (&sender, "s-u", "10.204.1.1/24"),
+            (&mid, UP_IF, "10.204.1.2/24"),
+            (&mid, "u-d", "10.204.2.1/24"),
+            (&mid, DOWN_IF, "10.204.5.1/24"),
+            (&mid, "d-r", "10.204.3.1/24"),
+            (&receiver, "r-d", "10.204.3.2/24"),
+        ] {
+            ns.offloads_off(ifname)?;
+            ns.addr(ifname, cidr)?;
+        }
+        routing(&mid)?;
+        // From the sender, towards the receiver through the segment: via a neighbour entry that
+        // resolves to the other port.
+        let other_port = mid.mac(DOWN_IF)?;
+        mid.ip(&["neigh", "add", "10.204.2.2", "lladdr", &other_port, "dev", "u-d", "nud", "permanent"])?;
+        mid.ip(&["route", "add", "10.204.3.0/24", "via", "10.204.2.2", "dev", "u-d", "table", "100"])?;
+        mid.ip(&["rule", "add", "iif", UP_IF, "lookup", "100"])?;
+        sender.route("10.204.3.0/24", "10.204.1.2")?;
+        receiver.route("10.204.1.0/24", "10.204.3.1")?;
+        Ok(TwoPorts { sender, mid, receiver, segment })
     }
 }

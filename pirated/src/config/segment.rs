@@ -1,5 +1,6 @@
 //! `[segment]`: two-point one-way latency (LDA and RDA) between an upstream point and a
-//! downstream one, each a pirated with this section, peering over TCP.
+//! downstream one: each a pirated with this section, peering over TCP, or one pirated on two
+//! interfaces.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -19,6 +20,8 @@ pub struct SegmentConfig {
     pub interval: Dur,
     pub listen: SocketAddr,
     pub peer: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub down_interface: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -44,6 +47,8 @@ pub enum Role {
     Up,
     /// Downstream: listens for the upstream point, reconciles both points' banks and reports.
     Down,
+    /// Both points in one pirated: upstream on `interface`, downstream on `down_interface`.
+    Both,
 }
 
 impl Default for SegmentConfig {
@@ -53,6 +58,7 @@ impl Default for SegmentConfig {
             interval: Dur(Duration::from_secs(1)),
             listen: SocketAddr::from(([0, 0, 0, 0], 9465)),
             peer: String::new(),
+            down_interface: String::new(),
             key: String::new(),
             key_file: None,
             lda: true,
@@ -153,6 +159,17 @@ impl SegmentConfig {
                 "segment.peer is not set: the upstream point connects to the downstream one (host:port)".into(),
             );
         }
+        if self.role == Role::Both {
+            return match self.down_interface.is_empty() {
+                true => refuse(
+                    &["segment.down_interface", "segment.role"],
+                    "segment.down_interface is not set: with role = \"both\", the interface where the \
+                     segment's packets enter this host again (the downstream point)"
+                        .into(),
+                ),
+                false => Ok(()),
+            };
+        }
         match (&self.key_file, self.key.len()) {
             (Some(_), 0) => Ok(()),
             (None, n) if n >= MIN_KEY_BYTES => Ok(()),
@@ -232,5 +249,20 @@ mod tests {
             Config::parse("[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey = \"another key, as long\"\n").unwrap();
         assert_eq!(down.segment.shape(), up.segment.shape());
         assert_eq!(Config::default().segment.shape().interval_ns, 0);
+    }
+
+    /// One pirated on two ports needs the second port, another than `interface`, and no key;
+    /// its downstream chain is an instance of its own on that port.
+    #[test]
+    fn both_points_need_another_port() {
+        let e = err("interface = \"eth0\"\n[segment]\nrole = \"both\"\n");
+        assert!(e.starts_with("line 3:") && e.contains("segment.down_interface is not set"), "{e}");
+        let e = err("interface = \"eth0\"\n[segment]\nrole = \"both\"\ndown_interface = \"eth0\"\n");
+        assert!(e.starts_with("line 4:") && e.contains("is `interface` too"), "{e}");
+        let both =
+            Config::parse("interface = \"eth0\"\n[segment]\nrole = \"both\"\ndown_interface = \"eth1\"\n").unwrap();
+        let down = both.downstream_point().unwrap();
+        assert_eq!((down.interface.as_str(), down.instance), ("eth1", format!("{}-down", both.instance)));
+        assert!(!down.fridge.enabled && Config::default().downstream_point().is_none());
     }
 }

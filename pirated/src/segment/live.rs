@@ -7,6 +7,8 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    future::Future,
+    pin::Pin,
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -25,8 +27,8 @@ use super::{
     wire::{Message, Record},
 };
 use crate::{
-    config::segment::{Role, SegmentConfig},
-    datapath::Datapath,
+    config::{segment::Role, Config},
+    datapath::{Capability, Datapath},
     json::Lines,
     metrics::Metrics,
 };
@@ -38,42 +40,64 @@ fn settle(shape: &SegmentShape) -> Duration {
 }
 
 /// Starts the segment's task if `[segment]` gives this pirated a role. The downstream point's
-/// listener is bound here, so a busy address fails the start.
+/// listener is bound here, so a busy address fails the start; with role `both`, the downstream
+/// point's chain is attached here, the two points linked in memory.
 pub async fn spawn(
-    config: &SegmentConfig,
+    config: &Config,
     dp: &mut Datapath,
     metrics: Arc<Mutex<Metrics>>,
     lines: Option<Lines>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
-    if !config.enabled() {
+    let segment = &config.segment;
+    if !segment.enabled() {
         return Ok(None);
     }
-    let shape = config.shape();
-    let key = config.key()?;
-    let link = match config.role {
-        Role::Up => Link::connect(config.peer.clone(), key, shape),
+    let shape = segment.shape();
+    let cache = segment.cache_packets as usize;
+    let state = |upstream, maps, link| -> anyhow::Result<State> {
+        Ok(State {
+            shape,
+            upstream,
+            point: Point::start(maps, shape)?,
+            cache: Cache::new(cache),
+            link,
+            pending: BTreeMap::new(),
+            metrics: metrics.clone(),
+            lines: lines.clone(),
+            unmeasured: None,
+            dropped: 0,
+        })
+    };
+    let run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> = match segment.role {
+        Role::Both => {
+            let down_config = config.downstream_point().context("role both without a downstream point")?;
+            let mut down_dp = Datapath::attach(&down_config)?;
+            down_dp.chain(Capability::Pirate, false)?;
+            let (up_link, down_link) = Link::pair();
+            let up = state(true, dp.take_segment(shape)?, up_link)?;
+            let down = state(false, down_dp.take_segment(shape)?, down_link)?;
+            info!(up = %config.interface, down = %down_config.interface, "segment: both points in this pirated");
+            Box::pin(async move {
+                // Its chain stays attached while the points run.
+                let _down_dp = down_dp;
+                tokio::try_join!(up.run(), down.run()).map(|_| ())
+            })
+        }
+        Role::Up => {
+            let link = Link::connect(segment.peer.clone(), segment.key()?, shape);
+            Box::pin(state(true, dp.take_segment(shape)?, link)?.run())
+        }
         _ => {
-            let listener = TcpListener::bind(config.listen)
+            let listener = TcpListener::bind(segment.listen)
                 .await
-                .with_context(|| format!("binding segment.listen {}", config.listen))?;
-            info!(listen = %config.listen, "segment: waiting for the upstream point");
-            Link::listen(listener, key, shape)
+                .with_context(|| format!("binding segment.listen {}", segment.listen))?;
+            info!(listen = %segment.listen, "segment: waiting for the upstream point");
+            let link = Link::listen(listener, segment.key()?, shape);
+            Box::pin(state(false, dp.take_segment(shape)?, link)?.run())
         }
     };
-    let point = Point::start(dp.take_segment(shape)?, shape)?;
-    let state = State {
-        shape,
-        upstream: config.role == Role::Up,
-        point,
-        cache: Cache::new(config.cache_packets as usize),
-        link,
-        pending: BTreeMap::new(),
-        metrics,
-        lines,
-        unmeasured: None,
-    };
     Ok(Some(tokio::spawn(async move {
-        if let Err(e) = state.run().await {
+        if let Err(e) = run.await {
             warn!("segment: stopped measuring: {e:#}");
         }
     })))
@@ -99,6 +123,8 @@ struct State {
     lines: Option<Lines>,
     /// Why the last interval had no figures, if it had none.
     unmeasured: Option<&'static str>,
+    /// Cache drops already counted in the metrics.
+    dropped: u64,
 }
 
 impl State {
@@ -139,7 +165,8 @@ impl State {
         }
         {
             let metrics = self.metrics.lock().unwrap();
-            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped);
+            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped - self.dropped);
+            self.dropped = self.cache.dropped;
             if self.upstream {
                 metrics.segment.recorded_upstream(record.packets);
             }

@@ -211,11 +211,12 @@ impl Metrics {
         self.packets.get_or_create(&PointLabel { point: "up" }).inc_by(packets);
     }
 
+    /// The link's state, its refusals and the packets the cache dropped since the last call.
     pub fn peer(&self, up: bool, refused: impl IntoIterator<Item = &'static str>, cache_dropped: u64) {
         self.peer_up.set(up as i64);
         for reason in refused {
             self.refused.get_or_create(&ReasonLabel { reason }).inc();
         }
-        self.cache_dropped.inc_by(cache_dropped.saturating_sub(self.cache_dropped.get()));
+        self.cache_dropped.inc_by(cache_dropped);
     }
 }

@@ -137,6 +137,17 @@ impl Link {
         link
     }
 
+    /// Both ends of an in-memory link, for one pirated that is both points: always up, nothing
+    /// to authenticate.
+    pub fn pair() -> (Link, Link) {
+        let (to_up, up_incoming) = mpsc::channel(QUEUE);
+        let (to_down, down_incoming) = mpsc::channel(QUEUE);
+        let up = Arc::new(AtomicBool::new(true));
+        let end =
+            |incoming, outgoing| Link { incoming, outgoing, up: up.clone(), refusals: mpsc::unbounded_channel().1 };
+        (end(up_incoming, to_down), end(down_incoming, to_up))
+    }
+
     fn new(key: Vec<u8>, shape: SegmentShape, upstream: bool) -> (Link, Session, mpsc::Receiver<Message>) {
         let (incoming_tx, incoming) = mpsc::channel(QUEUE);
         let (outgoing, outgoing_rx) = mpsc::channel(QUEUE);

@@ -27,7 +27,11 @@ use pirate_tests::{
     twopoint::{TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
-    segment::{clock::tai_offset_ns, reconcile::NO_UPSTREAM, wire::Message},
+    segment::{
+        clock::{self, tai_offset_ns},
+        reconcile::NO_UPSTREAM,
+        wire::Message,
+    },
     source::replay::read_pcap,
 };
 use serde_json::Value;
@@ -135,11 +139,11 @@ struct Judged {
     decoded: bool,
 }
 
-/// One reported interval against the captures: `None` where they cannot judge it (a packet near
-/// an edge, or the first and last seconds of a run with a few packets only: in the first, all
+/// One reported interval (`what`: live or replayed, for the printout) against the captures:
+/// `None` where they cannot judge it (an unsure truth, or the first and last seconds of a run with a few packets only: in the first, all
 /// may cross into the next, leaving LDA no usable row). Panics if it is unmeasured, or if its
 /// RDA miscounted a packet.
-fn judge(line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
+fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
     let truth = truths.get(&line["interval"].as_i64().unwrap())?;
     if truth.unsure || truth.delays.len() < 100 + truth.crossed as usize {
         return None;
@@ -149,7 +153,7 @@ fn judge(line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
     let rda = |k| f(line, &["rda", "delay", k]);
     let (rda_mean, rda_std, lda_mean) = (rda("mean_ns"), rda("std_dev_ns"), f(line, &["lda", "delay", "mean_ns"]));
     println!(
-        "interval {}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us",
+        "interval {} {what}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us",
         line["interval"],
         truth.delays.len(),
         truth.lost,
@@ -200,36 +204,33 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     let received = probes_run.run(sender, SENDER_IP.parse()?, receiver, dst)?.arrivals.iter().map(|a| a.seq).collect();
     captures[0].stop()?;
     captures[1].stop()?;
-    let last =
-        probes(read_pcap(captures[0].path())?, tai_offset_ns()).into_values().max().context("no probe passed U")?
-            / INTERVAL_NS;
+    let offset = tai_offset_ns();
+    let (sent, arrived) =
+        (probes(read_pcap(captures[0].path())?, offset), probes(read_pcap(captures[1].path())?, offset));
+    let last = sent.values().max().context("no probe passed U")? / INTERVAL_NS;
     reporter
         .wait_for(Duration::from_secs(5), |l| l["type"] == "segment" && l["interval"].as_i64() >= Some(last + 1))?;
-    Ok(Probed { lines: reporter.stop()?, captures, received })
+    Ok(Probed { lines: reporter.stop()?, truths: truths(&sent, &arrived, Some(&received)), captures })
 }
 
-/// What [`probe`] saw: the reporter's lines, the captures at U and D, the probes the receiver
-/// got.
+/// What [`probe`] saw: the reporter's lines, the truth from the captures, the captures at U and
+/// D.
 struct Probed {
     lines: Vec<Value>,
+    truths: BTreeMap<i64, Truth>,
     captures: [Capture; 2],
-    received: HashSet<u64>,
 }
 
 /// Every interval both points saw whole reads the RDA's mean within 0.01 % and its standard
 /// deviation within 10 % of the captures', the LDA's mean within 1 %, and the RDA's lost and
 /// reordered counts exactly; replayed from the captures (with `config`), the same counts and
 /// a mean at least as close.
-fn assert_figures(Probed { lines, captures, received }: &Probed, config: &str) -> Result<()> {
-    let offset = tai_offset_ns();
-    let (sent, arrived) =
-        (probes(read_pcap(captures[0].path())?, offset), probes(read_pcap(captures[1].path())?, offset));
-    let truths = truths(&sent, &arrived, Some(received));
+fn assert_figures(Probed { lines, truths, captures }: &Probed, config: &str) -> Result<()> {
     let replayed = replay(config, captures[0].path(), captures[1].path())?;
     let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
     let mut worst_replayed = 0.0f64;
     for line in lines.iter().filter(|l| l["type"] == "segment") {
-        let Some(j) = judge(line, &truths) else { continue };
+        let Some(j) = judge("live", line, truths) else { continue };
         undecoded += u32::from(!j.decoded);
         worst_mean = worst_mean.max(j.mean);
         worst_std = worst_std.max(j.std);
@@ -237,7 +238,7 @@ fn assert_figures(Probed { lines, captures, received }: &Probed, config: &str) -
         compared += 1;
         // The captures' stamps are the truth's, so the replay's mean is closer to it still.
         let again = replayed.iter().find(|r| r["interval"] == line["interval"]).context("an interval not replayed")?;
-        let r = judge(again, &truths).context("judged live, not in replay")?;
+        let r = judge("replayed", again, truths).context("judged live, not in replay")?;
         if j.decoded && r.decoded {
             assert_eq!(
                 (&again["rda"]["lost"], &again["rda"]["reordered"]),
@@ -328,8 +329,7 @@ fn send_until(tb: &TwoPoint, stop: &AtomicBool) -> Result<()> {
 
 /// The interval TAI is in now.
 fn interval_now() -> i64 {
-    let realtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
-    (realtime + tai_offset_ns()) / INTERVAL_NS
+    clock::now() as i64 / INTERVAL_NS
 }
 
 /// Connects to the downstream point's peer port from `ns`, sends `bytes`, and reads until the
@@ -487,7 +487,7 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
             assert!(unmeasured, "{line}");
         }
         if !unmeasured {
-            if let Some(j) = judge(line, &truths) {
+            if let Some(j) = judge("live", line, &truths) {
                 assert!(j.mean < 1e-4 && j.std < 0.1 && j.lda < 0.01, "{line}");
                 judged[phase] += 1;
             }

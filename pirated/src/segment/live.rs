@@ -21,9 +21,9 @@ use tracing::{debug, info, warn};
 use super::{
     clock,
     peer::Link,
-    point::{Cache, Point},
+    point::{Cache, Found, Point},
     rda,
-    reconcile::{reconcile, Caches, SegmentReport},
+    reconcile::{reconcile, SegmentReport},
     wire::{Message, Record},
 };
 use crate::{
@@ -65,7 +65,6 @@ pub async fn spawn(
             metrics: metrics.clone(),
             lines: lines.clone(),
             unmeasured: None,
-            dropped: 0,
         })
     };
     let run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> = match segment.role {
@@ -123,8 +122,6 @@ struct State {
     lines: Option<Lines>,
     /// Why the last interval had no figures, if it had none.
     unmeasured: Option<&'static str>,
-    /// Cache drops already counted in the metrics.
-    dropped: u64,
 }
 
 impl State {
@@ -165,8 +162,7 @@ impl State {
         }
         {
             let metrics = self.metrics.lock().unwrap();
-            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.dropped - self.dropped);
-            self.dropped = self.cache.dropped;
+            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.take_dropped());
             if self.upstream {
                 metrics.segment.recorded_upstream(record.packets);
             }
@@ -243,23 +239,7 @@ impl State {
                 ..Default::default()
             };
         };
-        struct Found<'a> {
-            stamps: &'a HashMap<u64, u64>,
-            cache: &'a Cache,
-            interval: u64,
-        }
-        impl Caches for Found<'_> {
-            fn up(&self, id: u64) -> Option<u64> {
-                self.stamps.get(&id).copied()
-            }
-            fn down(&self, id: u64) -> Option<u64> {
-                self.cache.get(self.interval, id)
-            }
-            fn down_next(&self, id: u64) -> Option<u64> {
-                self.cache.get(self.interval + 1, id)
-            }
-        }
-        let found = Found { stamps: &p.stamps, cache: &self.cache, interval };
+        let found = Found { up: |id| p.stamps.get(&id).copied(), down: &self.cache, interval };
         let mut report = reconcile(&self.shape, p.up, down, &found);
         let end = (interval + 1) * self.shape.interval_ns;
         report.took = Duration::from_nanos(clock::now().saturating_sub(end));

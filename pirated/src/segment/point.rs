@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use pirate_common::segment::{CacheEntry, SegmentShape};
 
-use super::{clock, wire::Record};
+use super::{clock, reconcile::Caches, wire::Record};
 use crate::datapath::segment::SegmentMaps;
 
 /// The packet cache: per interval, each packet the RDA took and its timestamp, up to `limit`
@@ -14,7 +14,8 @@ use crate::datapath::segment::SegmentMaps;
 pub struct Cache {
     intervals: BTreeMap<u64, HashMap<u64, u64>>,
     limit: usize,
-    pub dropped: u64,
+    /// Packets left out since [`Cache::take_dropped`].
+    dropped: u64,
 }
 
 impl Cache {
@@ -35,9 +36,35 @@ impl Cache {
         self.intervals.get(&interval)?.get(&id).copied()
     }
 
+    /// The packets left out since the last call.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
     /// Forgets the intervals before `interval`.
     pub fn keep_from(&mut self, interval: u64) {
         self.intervals = self.intervals.split_off(&interval);
+    }
+}
+
+/// Where the downstream point finds timestamps to reconcile `interval`: its own cache of the
+/// interval and of the next, and U's for the packets only U saw (from `up`: U's answer live,
+/// U's capture in replay).
+pub struct Found<'a, U> {
+    pub up: U,
+    pub down: &'a Cache,
+    pub interval: u64,
+}
+
+impl<U: Fn(u64) -> Option<u64>> Caches for Found<'_, U> {
+    fn up(&self, id: u64) -> Option<u64> {
+        (self.up)(id)
+    }
+    fn down(&self, id: u64) -> Option<u64> {
+        self.down.get(self.interval, id)
+    }
+    fn down_next(&self, id: u64) -> Option<u64> {
+        self.down.get(self.interval + 1, id)
     }
 }
 

@@ -13,8 +13,8 @@ use pirate_common::{
 };
 
 use super::{
-    point::Cache,
-    reconcile::{reconcile, Caches, DOWNSTREAM_UNMEASURED},
+    point::{Cache, Found},
+    reconcile::{reconcile, DOWNSTREAM_UNMEASURED},
     wire::Record,
 };
 use crate::{config::segment::SegmentConfig, source::replay::read_pcap};
@@ -35,7 +35,7 @@ struct Banks {
     seen: [Seen; 2],
     lda: Vec<LdaCell>,
     rda: Vec<RdaBucket>,
-    cached: Vec<CacheEntry>,
+    cache: Cache,
 }
 
 impl Store for Banks {
@@ -52,19 +52,19 @@ impl Store for Banks {
     }
 
     fn cache(&mut self, entry: CacheEntry) -> bool {
-        self.cached.push(entry);
+        self.cache.add(&self.shape, entry);
         true
     }
 }
 
 impl Banks {
-    fn new(shape: SegmentShape) -> Banks {
+    fn new(shape: SegmentShape, cache_packets: usize) -> Banks {
         Banks {
             shape,
             seen: [Seen::default(); 2],
             lda: vec![LdaCell::default(); 2 * shape.lda.cells()],
             rda: vec![RdaBucket::default(); 2 * shape.rda.len()],
-            cached: Vec::new(),
+            cache: Cache::new(cache_packets),
         }
     }
 
@@ -100,56 +100,34 @@ fn empty(shape: &SegmentShape, interval: u64) -> Record {
 
 /// Replays one capture. `tai_offset_ns` takes its timestamps (UTC) to the points' clock.
 fn point(shape: SegmentShape, cache_packets: usize, frames: &[(u64, Vec<u8>)], tai_offset_ns: i64) -> Point {
-    let mut banks = Banks::new(shape);
-    let mut out = Point { records: BTreeMap::new(), cache: Cache::new(cache_packets), unparsed: 0, backwards: 0 };
+    let mut banks = Banks::new(shape, cache_packets);
+    let (mut records, mut unparsed, mut backwards) = (BTreeMap::new(), 0, 0);
     let mut pkt = PacketCtx::default();
     let mut current: Option<u64> = None;
     for (ts, frame) in frames {
         if parse(frame.as_slice(), &mut pkt).is_err() {
-            out.unparsed += 1;
+            unparsed += 1;
             continue;
         }
         let ts = ts.saturating_add_signed(tai_offset_ns);
         let interval = shape.interval(ts);
         match current {
             Some(c) if interval < c => {
-                out.backwards += 1;
+                backwards += 1;
                 continue;
             }
             Some(c) if interval > c => {
-                out.records.insert(c, banks.close(c));
+                records.insert(c, banks.close(c));
             }
             _ => {}
         }
         current = Some(interval);
         packet(&shape, identity(frame.as_slice(), &pkt), ts, &mut banks);
-        for entry in banks.cached.drain(..) {
-            out.cache.add(&shape, entry);
-        }
     }
     if let Some(c) = current {
-        out.records.insert(c, banks.close(c));
+        records.insert(c, banks.close(c));
     }
-    out
-}
-
-/// Where reconciliation finds timestamps in replay: both captures' caches.
-struct Found<'a> {
-    up: &'a Cache,
-    down: &'a Cache,
-    interval: u64,
-}
-
-impl Caches for Found<'_> {
-    fn up(&self, id: u64) -> Option<u64> {
-        self.up.get(self.interval, id)
-    }
-    fn down(&self, id: u64) -> Option<u64> {
-        self.down.get(self.interval, id)
-    }
-    fn down_next(&self, id: u64) -> Option<u64> {
-        self.down.get(self.interval + 1, id)
-    }
+    Point { records, cache: banks.cache, unparsed, backwards }
 }
 
 /// Replays `up` and `down` (pcap captures at the two points) with `[segment]`'s shape and prints
@@ -182,7 +160,7 @@ pub fn run(
         let up_record = u.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
         let mut down_record = d.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
         down_record.measured = down_last.is_some_and(|l| interval <= l);
-        let found = Found { up: &u.cache, down: &d.cache, interval };
+        let found = Found { up: |id| u.cache.get(interval, id), down: &d.cache, interval };
         let mut report = reconcile(&shape, Some(up_record), down_record, &found);
         if report.unmeasured.is_none() {
             measured += 1;

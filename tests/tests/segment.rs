@@ -201,7 +201,21 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     let probes_run =
         Probes { count: 10_000, gap: Duration::from_micros(700), payload: 64, settle: Duration::from_millis(600) };
     let dst: SocketAddr = format!("{RECEIVER_IP}:{PORT}").parse()?;
-    let received = probes_run.run(sender, SENDER_IP.parse()?, receiver, dst)?.arrivals.iter().map(|a| a.seq).collect();
+    // Prometheus's view, scraped every 300 ms while the probes run.
+    let (done, mut scrapes) = (AtomicBool::new(false), Vec::new());
+    let received: HashSet<u64> = std::thread::scope(|s| {
+        let scraper = s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(300));
+                scrapes.push(reporter.metrics(down.0));
+            }
+        });
+        let run = probes_run.run(sender, SENDER_IP.parse()?, receiver, dst);
+        done.store(true, Ordering::Relaxed);
+        scraper.join().expect("the scraper panicked");
+        anyhow::Ok(run?.arrivals.iter().map(|a| a.seq).collect())
+    })?;
+    let scrapes = scrapes.into_iter().collect::<Result<Vec<_>>>()?;
     captures[0].stop()?;
     captures[1].stop()?;
     let offset = tai_offset_ns();
@@ -210,22 +224,63 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     let last = sent.values().max().context("no probe passed U")? / INTERVAL_NS;
     reporter
         .wait_for(Duration::from_secs(5), |l| l["type"] == "segment" && l["interval"].as_i64() >= Some(last + 1))?;
-    Ok(Probed { lines: reporter.stop()?, truths: truths(&sent, &arrived, Some(&received)), captures })
+    Ok(Probed { lines: reporter.stop()?, truths: truths(&sent, &arrived, Some(&received)), captures, scrapes })
 }
 
 /// What [`probe`] saw: the reporter's lines, the truth from the captures, the captures at U and
-/// D.
+/// D, and the reporter's metrics scraped while the probes ran.
 struct Probed {
     lines: Vec<Value>,
     truths: BTreeMap<i64, Truth>,
     captures: [Capture; 2],
+    scrapes: Vec<String>,
+}
+
+/// What Prometheus reads is what the lines say: in every scrape, the lost and reordered
+/// counters are the sums of the lines up to one of them (the last the reporter had written),
+/// and the RDA's mean gauge, in seconds, is one line's mean; the gauge was up in some scrape.
+fn assert_scraped(lines: &[Value], scrapes: &[String]) {
+    let lines: Vec<&Value> = lines.iter().filter(|l| l["type"] == "segment").collect();
+    let means: Vec<f64> = scrapes.iter().filter_map(|m| scraped(&lines, m)).collect();
+    assert!(!means.is_empty(), "no scrape had the RDA mean");
+    let (low, high) = means.iter().fold((f64::MAX, f64::MIN), |(l, h), &m| (l.min(m), h.max(m)));
+    println!("{} scrapes, {} with the RDA mean ({low:.6}-{high:.6} s)", scrapes.len(), means.len());
+}
+
+/// One scrape against the lines (see [`assert_scraped`]): its RDA mean gauge, if up.
+fn scraped(lines: &[&Value], metrics: &str) -> Option<f64> {
+    let scraped = |name: &str| metric(metrics, &format!("pirated_segment_{name}_total"));
+    let (lost, reordered) = (scraped("lost_packets"), scraped("reordered_packets"));
+    let count = |l: &Value, k: &str| l["rda"][k].as_u64().unwrap_or(0) as f64;
+    let (mut sum_lost, mut sum_reordered) = (0.0, 0.0);
+    let prefix = lines.iter().position(|l| {
+        sum_lost += count(l, "lost");
+        sum_reordered += count(l, "reordered");
+        (sum_lost, sum_reordered) == (lost, reordered)
+    });
+    assert!(
+        (lost, reordered) == (0.0, 0.0) || prefix.is_some(),
+        "lost {lost} and reordered {reordered} are no prefix's sums of the lines"
+    );
+    let mean = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("pirated_segment_delay_mean_seconds{estimator=\"rda\"} "))
+        .map(|v| v.parse::<f64>().unwrap());
+    if let Some(mean) = mean {
+        assert!(
+            lines.iter().any(|l| (f(l, &["rda", "delay", "mean_ns"]) / 1e9 / mean - 1.0).abs() < 1e-9),
+            "the RDA mean gauge {mean} s is no line's mean"
+        );
+    }
+    mean
 }
 
 /// Every interval both points saw whole reads the RDA's mean within 0.01 % and its standard
 /// deviation within 10 % of the captures', the LDA's mean within 1 %, and the RDA's lost and
 /// reordered counts exactly; replayed from the captures (with `config`), the same counts and
 /// a mean at least as close.
-fn assert_figures(Probed { lines, truths, captures }: &Probed, config: &str) -> Result<()> {
+fn assert_figures(Probed { lines, truths, captures, scrapes }: &Probed, config: &str) -> Result<()> {
+    assert_scraped(lines, scrapes);
     let replayed = replay(config, captures[0].path(), captures[1].path())?;
     let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
     let mut worst_replayed = 0.0f64;

@@ -13,7 +13,7 @@ fi
 # Build toolchain for the eBPF crate (LLVM 22 for bpf-linker) and the tools the testbeds drive.
 APT_PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22
-    bpftool iproute2 ethtool iptables tcpdump
+    bpftool iproute2 ethtool iptables tcpdump wireshark-common
     iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
     nghttp2-client unbound dnsutils dnsperf
 )
@@ -49,6 +49,13 @@ if ! bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
     log "cargo install bpf-linker $BPF_LINKER_VERSION (LLVM 22, ~1 minute)"
     PATH=/usr/lib/llvm-22/bin:$PATH cargo install --locked "bpf-linker@$BPF_LINKER_VERSION" \
         --no-default-features --features llvm-22
+fi
+
+# cargo-fuzz drives the fuzz targets (fuzz/) that the test command runs for a bounded time.
+CARGO_FUZZ_VERSION=0.13.2
+if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+    log "cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 
 # bpffs is where pirated pins its maps; a fresh machine does not mount it.

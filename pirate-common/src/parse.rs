@@ -35,6 +35,17 @@ pub enum Reject {
     Unsupported = 3,
 }
 
+impl Reject {
+    /// Its name in reports and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reject::NotIp => "not_ip",
+            Reject::Malformed => "malformed",
+            Reject::Unsupported => "unsupported",
+        }
+    }
+}
+
 const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;

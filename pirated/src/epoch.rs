@@ -4,7 +4,6 @@
 
 use std::{
     io::Write,
-    path::Path,
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -24,7 +23,7 @@ use crate::{
         estimate::{Estimator, Settings},
         report::{EpochReport, Scratch},
     },
-    source::{live::Live, replay, EpochData},
+    source::{capture::CaptureReader, live::Live, replay, EpochData},
 };
 
 /// What turns an epoch's data into reports: the same for the daemon and replay.
@@ -48,18 +47,39 @@ impl Pipeline {
     }
 }
 
-/// `pirated replay`: every epoch of the capture at `path`, as JSON lines on `out`; the fridges
-/// recalibrated as the daemon does.
-pub fn replay(config: &Config, path: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+/// `pirated replay`: every epoch of the capture `reader` reads, as JSON lines on `out`; the fridges
+/// recalibrated as the daemon does. Last, a `"type": "capture"` line of what was read and left
+/// out (and the same on stderr). An error if the capture ended in one (after the lines for what
+/// came before) or measured nothing.
+pub fn replay(config: &Config, reader: CaptureReader, out: &mut impl Write) -> anyhow::Result<()> {
+    let path = reader.path().to_owned();
     let pipeline = Pipeline::new(config, true);
     let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
-    replay::run(config, path, |mut data| {
+    let (mut flows, mut samples) = (0, 0);
+    let summary = replay::run(config, reader, |mut data| {
         let (epoch, fridge) = (data.epoch, data.fridge.take());
+        flows += data.flows.len();
+        samples += fridge.as_ref().map_or(0, |f| f.samples.len());
         pipeline.run(data, Scratch::default()).write_json(out)?;
         let Some(report) = window.as_mut().zip(fridge).map(|(w, f)| w.close(epoch, f)) else { return Ok(None) };
         report.write_json(out)?;
         Ok(report.recalibrated)
-    })
+    })?;
+    serde_json::to_writer(&mut *out, &summary.json())?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    eprintln!("pirated: {}: {summary}", path.display());
+    if let Some(e) = summary.read.error {
+        return Err(e);
+    }
+    if flows == 0 && samples == 0 {
+        anyhow::bail!(
+            "{}: nothing measured (no flow with a figure, no fridge sample in {} records)",
+            path.display(),
+            summary.read.records
+        );
+    }
+    Ok(())
 }
 
 /// The ring buffer's descriptor, owned by the live source, registered for readiness only.

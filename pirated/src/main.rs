@@ -10,7 +10,14 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
-use pirated::{config::Config, datapath::Datapath, epoch, json::JsonLines, metrics, segment, source::live::Live};
+use pirated::{
+    config::Config,
+    datapath::Datapath,
+    epoch,
+    json::JsonLines,
+    metrics, segment,
+    source::{capture::CaptureReader, live::Live},
+};
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
 ///
@@ -45,11 +52,14 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Run the same per-packet code and estimators over a pcap capture; prints JSON lines.
-    /// Needs no privileges.
+    /// Run the same per-packet code and estimators over a capture; prints JSON lines, the last
+    /// a "capture" line of what it read and left out. Fails if the capture measured nothing or
+    /// ended in an error (after printing what it read before). Needs no privileges.
     Replay {
-        /// A classic pcap file with Ethernet frames: the client→server direction (and, for the
-        /// fridges' responses, the other one where the capture has it).
+        /// A pcap or pcapng file (`-`: standard input), as tcpdump or dumpcap write it: Ethernet
+        /// (with or without FCS), Linux cooked (`tcpdump -i any`) or raw IP. The client→server
+        /// direction as pirated would see it on its interface (and, for the fridges'
+        /// responses, the other one where the capture has it).
         #[arg(long, value_name = "FILE")]
         pcap: PathBuf,
         #[arg(short, long, value_name = "FILE")]
@@ -61,10 +71,10 @@ enum Command {
     /// configuration gives the interval and the banks (its role is not used). Needs no
     /// privileges.
     ReplaySegment {
-        /// A classic pcap file captured at the upstream point.
+        /// A capture at the upstream point (pcap or pcapng, as `--pcap` of replay).
         #[arg(long, value_name = "FILE")]
         up: PathBuf,
-        /// A classic pcap file captured at the downstream point.
+        /// A capture at the downstream point.
         #[arg(long, value_name = "FILE")]
         down: PathBuf,
         /// Seconds TAI was ahead of UTC when the captures were taken (live points cut intervals
@@ -138,11 +148,12 @@ fn main() {
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
         Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
-            .and_then(|c| epoch::replay(&c, &pcap, &mut std::io::stdout().lock())),
+            .and_then(|c| epoch::replay(&c, CaptureReader::open(&pcap)?, &mut std::io::stdout().lock())),
         Some(Command::ReplaySegment { up, down, tai_offset, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| {
                 let offset = tai_offset.map_or_else(segment::clock::tai_offset_ns, |s| s * 1_000_000_000);
-                segment::replay::run(&c.segment, &up, &down, offset, &mut std::io::stdout().lock())
+                let (up, down) = (CaptureReader::open(&up)?, CaptureReader::open(&down)?);
+                segment::replay::run(&c.segment, up, down, offset, &mut std::io::stdout().lock())
             }),
     };
     if let Err(e) = result {

@@ -1,13 +1,27 @@
 //! Replay runs the datapath's own code: a capture of the packets the XDP program saw, replayed
 //! through `pirated replay`, must give the same flows, the same packet counts, the same
 //! estimates and the same fridge samples (up to the capture's timestamps differing from the XDP
-//! program's by microseconds).
+//! program's by microseconds). The same capture in every form replay reads (pcapng, either byte
+//! order, µs, an FCS, cooked and raw-IP link types, VLAN tags, standard input) must give exactly
+//! the same figures; corrupt and distant timestamps, a truncated file, a capture with nothing to
+//! measure and one too large to hold are each met as `pirated replay` promises.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{self, BufWriter, Read, Write},
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        OnceLock,
+    },
+    time::{Duration, Instant},
+};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use pirate_tests::{
-    capture::Capture,
+    capture::{Capture, Pcap, PcapFormat, Record, Tcp4, LINKTYPE_ETHERNET, PCAP_HEADER_LEN, RECORD_HEADER_LEN},
     linkem::LinkSpec,
     servers::nginx,
     testbed::{workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
@@ -16,6 +30,22 @@ use serde_json::Value;
 
 /// One long epoch, closed when pirated stops: both sides then cover exactly the same packets.
 const CONFIG: &str = "epoch = \"60s\"\n";
+/// Epochs short enough for a day to hold millions: a replay that stepped through the empty ones,
+/// or allocated for them, would show it.
+const SHORT_EPOCHS: &str = "epoch = \"10ms\"\n";
+/// How long a replay of the live capture (or less) may take; the 2 GiB one gets `LARGE_LIMIT`.
+const QUICK: Duration = Duration::from_secs(10);
+const LARGE_LIMIT: Duration = Duration::from_secs(300);
+/// A replay's peak resident memory, whatever the capture's size.
+const MAX_RSS_KIB: u64 = 100 * 1024;
+const DAY_NS: u64 = 86_400_000_000_000;
+/// A corrupt timestamp: 50 years ahead (still within pcap's 32-bit seconds).
+const FAR_NS: u64 = 50 * 365 * DAY_NS;
+const ETH_HEADER_LEN: usize = 14;
+const ETH_MACS_LEN: usize = 12;
+const LINKTYPE_RAW: u32 = 101;
+const LINKTYPE_LINUX_SLL: u32 = 113;
+const LINKTYPE_LINUX_SLL2: u32 = 276;
 
 fn by_flow(lines: &[Value]) -> BTreeMap<String, Value> {
     lines
@@ -25,18 +55,29 @@ fn by_flow(lines: &[Value]) -> BTreeMap<String, Value> {
         .collect()
 }
 
-#[test]
-fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
-    // Responses 5 ms late: delays far above the microseconds between the two clocks.
+/// What the live scenario left: the kernel's JSON lines and tcpdump's capture (the file's bytes).
+struct Live {
+    kernel: Vec<Value>,
+    pcap: Vec<u8>,
+}
+
+/// The live scenario, run once per test binary: every test here replays its capture.
+fn live() -> &'static Live {
+    static LIVE: OnceLock<Live> = OnceLock::new();
+    LIVE.get_or_init(|| run_live().unwrap_or_else(|e| panic!("the live scenario: {e:#}")))
+}
+
+/// Keep-alive HTTP with small and multi-packet responses (the client ACKs the large ones), on
+/// three connections one after another, responses 5 ms late (delays far above the microseconds
+/// between the XDP program's clock and tcpdump's), measured by pirated and captured by tcpdump on
+/// the same interface.
+fn run_live() -> Result<Live> {
     let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
     let emu =
         tb.return_path.as_ref().unwrap().start(&LinkSpec::delay(Duration::from_millis(5)), &LinkSpec::default(), 1)?;
     let _nginx = nginx(&tb.server, &[("small", 200), ("large", 30_000)])?;
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, CONFIG)?;
     let mut capture = Capture::start(&tb.vp, VP_CLIENT_IF, &["-Q", "in"])?;
-
-    // Keep-alive HTTP with small and multi-packet responses (the client ACKs the large ones),
-    // on three connections one after another.
     for _ in 0..3 {
         let mut args = vec!["curl".to_string(), "-sf".into(), "-o".into(), "/dev/null".into()];
         for i in 0..40 {
@@ -47,22 +88,240 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
         tb.client.run(&argv)?;
     }
     std::thread::sleep(Duration::from_millis(300));
-    let kernel_lines = pirated.stop()?;
+    let kernel = pirated.stop()?;
     emu.stop()?;
-    let kernel = by_flow(&kernel_lines);
     capture.stop()?;
+    Ok(Live { kernel, pcap: std::fs::read(capture.path())? })
+}
 
-    let cfg = std::env::temp_dir().join(format!("pirate-replay-{}.toml", std::process::id()));
-    std::fs::write(&cfg, CONFIG)?;
-    let out = std::process::Command::new(workspace_binary("pirated")?)
-        .args(["replay", "--pcap", capture.path().to_str().unwrap(), "--config", cfg.to_str().unwrap()])
-        .output()?;
-    let _ = std::fs::remove_file(&cfg);
-    if !out.status.success() {
-        bail!("replay failed: {}", String::from_utf8_lossy(&out.stderr));
+/// A file in the temporary directory, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    /// A path for a file a tool will write.
+    fn reserve(ext: &str) -> TempFile {
+        static COUNT: AtomicU32 = AtomicU32::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        TempFile(std::env::temp_dir().join(format!("pirate-replay-{}-{n}.{ext}", std::process::id())))
     }
-    let lines: Vec<Value> =
-        String::from_utf8(out.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+
+    fn with(ext: &str, bytes: &[u8]) -> Result<TempFile> {
+        let file = TempFile::reserve(ext);
+        std::fs::write(&file.0, bytes)?;
+        Ok(file)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// What `pirated replay` reads: a file, or what a writer thread puts on its standard input.
+enum Input<'a> {
+    File(&'a Path),
+    Stdin(Feed<'a>),
+}
+
+/// Writes a capture to replay's standard input.
+type Feed<'a> = Box<dyn FnOnce(&mut dyn Write) -> io::Result<()> + Send + 'a>;
+
+/// A finished replay: how it ended, what it printed, its peak resident memory (KiB), how long it
+/// took.
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    max_rss_kib: u64,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn succeeded(self) -> Result<Run> {
+        ensure!(self.status.success(), "replay {}: {}", self.status, self.stderr);
+        Ok(self)
+    }
+
+    fn lines(&self) -> Result<Vec<Value>> {
+        Ok(self.stdout.lines().map(serde_json::from_str).collect::<Result<_, _>>()?)
+    }
+
+    /// The last line: what the replay read, replayed and refused.
+    fn summary(&self) -> Result<Value> {
+        let last = self.stdout.lines().last().context("replay printed nothing")?;
+        let summary: Value = serde_json::from_str(last)?;
+        ensure!(summary["type"] == "capture", "the last line is no capture summary: {last}");
+        Ok(summary)
+    }
+
+    /// Fails unless the replay's peak memory stayed under `MAX_RSS_KIB`.
+    fn check_memory(&self) -> Result<()> {
+        ensure!(self.max_rss_kib < MAX_RSS_KIB, "the replay peaked at {} KiB", self.max_rss_kib);
+        Ok(())
+    }
+}
+
+/// Runs `pirated replay` on `input` with `config` (TOML), killing it once `limit` has passed.
+fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
+    let cfg = TempFile::with("toml", config.as_bytes())?;
+    let pcap = match &input {
+        Input::File(path) => path.as_os_str(),
+        Input::Stdin(_) => "-".as_ref(),
+    };
+    let start = Instant::now();
+    let mut child = Command::new(workspace_binary("pirated")?)
+        .arg("replay")
+        .arg("--pcap")
+        .arg(pcap)
+        .arg("--config")
+        .arg(&cfg.0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawning pirated replay")?;
+    let stdin = child.stdin.take().unwrap();
+    let (mut stdout, mut stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    std::thread::scope(|s| {
+        let fed = s.spawn(move || match input {
+            Input::File(_) => Ok(()),
+            Input::Stdin(feed) => {
+                let mut w = BufWriter::with_capacity(1 << 20, stdin);
+                feed(&mut w).and_then(|()| w.flush())
+            }
+        });
+        let out = s.spawn(move || {
+            let mut text = String::new();
+            stdout.read_to_string(&mut text).map(|_| text)
+        });
+        let err = s.spawn(move || {
+            let mut text = String::new();
+            stderr.read_to_string(&mut text).map(|_| text)
+        });
+        let reaped = reap(&mut child, limit);
+        let elapsed = start.elapsed();
+        let (fed, stdout, stderr) = (fed.join().unwrap(), out.join().unwrap()?, err.join().unwrap()?);
+        let Some((status, max_rss_kib)) = reaped? else {
+            bail!("pirated replay did not finish within {limit:?}: killed; stderr: {stderr}")
+        };
+        // A replay that stopped reading says why in its status and stderr.
+        if let Err(e) = fed {
+            ensure!(e.kind() == io::ErrorKind::BrokenPipe, "feeding the capture: {e}");
+        }
+        Ok(Run { status, stdout, stderr, max_rss_kib, elapsed })
+    })
+}
+
+/// Waits for `child`, killing it once `limit` has passed: its exit status and peak resident
+/// memory (KiB), or `None` if it had to be killed. The peak is the child's own high-water mark
+/// (VmHWM), read every 10 ms while it runs: wait4's would include the test process's peak, which
+/// posix_spawn lends the child until it execs.
+fn reap(child: &mut Child, limit: Duration) -> Result<Option<(ExitStatus, u64)>> {
+    let (deadline, proc_status) = (Instant::now() + limit, format!("/proc/{}/status", child.id()));
+    let mut peak = 0;
+    loop {
+        let hwm = std::fs::read_to_string(&proc_status).ok().and_then(|status| {
+            status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?.trim().parse().ok()
+        });
+        peak = hwm.unwrap_or(0).max(peak);
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some((status, peak)));
+        }
+        if Instant::now() > deadline {
+            child.kill()?;
+            child.wait()?;
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The frames a summary says were refused for `reason` (none where it does not name it).
+fn refused(summary: &Value, reason: &str) -> u64 {
+    summary["refused"][reason].as_u64().unwrap_or(0)
+}
+
+/// The figures every way of reading a capture must reproduce exactly: its flow and fridge_class
+/// lines, as JSON text, as a set (lines of one epoch come in no fixed order).
+fn figures(lines: &[Value]) -> BTreeSet<String> {
+    lines.iter().filter(|v| v["type"] == "flow" || v["type"] == "fridge_class").map(Value::to_string).collect()
+}
+
+/// How `run`, the same capture in another form, differs from `reference`: it failed, did not
+/// read to the end, replayed other frames, or gave other figures.
+fn differs(reference: &Run, run: &Run) -> Result<Option<String>> {
+    if !run.status.success() {
+        return Ok(Some(format!("{}: {}", run.status, run.stderr.trim())));
+    }
+    let (want, got) = (reference.summary()?, run.summary()?);
+    if got["complete"] != true || got["replayed"] != want["replayed"] {
+        return Ok(Some(format!("summary {got}, not like {want}")));
+    }
+    let (want, got) = (figures(&reference.lines()?), figures(&run.lines()?));
+    Ok((want != got).then(|| {
+        let (missing, extra) = (want.difference(&got).next(), got.difference(&want).next());
+        format!("{} figures differ; first missing {missing:?}, first unexpected {extra:?}", want.len())
+    }))
+}
+
+/// The capture at `path` rewritten as pcapng by Wireshark's editcap.
+fn editcap_pcapng(path: &Path) -> Result<TempFile> {
+    let out = TempFile::reserve("pcapng");
+    let status = Command::new("editcap")
+        .args(["-F", "pcapng"])
+        .arg(path)
+        .arg(&out.0)
+        .status()
+        .map_err(|e| anyhow!("running editcap: {e} (it comes with wireshark-common: run scripts/setup.sh)"))?;
+    ensure!(status.success(), "editcap -F pcapng {}: {status}", path.display());
+    ensure!(std::fs::read(&out.0)?.starts_with(&[0x0a, 0x0d, 0x0d, 0x0a]), "editcap wrote no pcapng section header");
+    Ok(out)
+}
+
+/// The Ethernet capture on `link_type`: each frame's Ethernet header replaced by `header(frame)`.
+fn relinked(pcap: &Pcap, link_type: u32, header: fn(&Record) -> Vec<u8>) -> Pcap {
+    pcap.map(link_type, |r| Some(r.reframed(ETH_HEADER_LEN, &header(r))))
+}
+
+/// A Linux cooked (v1) header for an Ethernet record: sent to us, from its source MAC, of its
+/// ethertype.
+fn cooked_v1(r: &Record) -> Vec<u8> {
+    [&[0, 0, 0, 1, 0, 6][..], &r.data[6..12], &[0, 0], &r.data[12..14]].concat()
+}
+
+/// The same in a cooked v2 header (protocol first; interface index 2).
+fn cooked_v2(r: &Record) -> Vec<u8> {
+    [&r.data[12..14], &[0, 0, 0, 0, 0, 2, 0, 1, 0, 6][..], &r.data[6..12], &[0, 0]].concat()
+}
+
+/// The capture with `tags` (802.1Q or QinQ) after each frame's MACs.
+fn tagged(pcap: &Pcap, tags: &[u8]) -> Pcap {
+    pcap.map(pcap.link_type, |r| Some(r.reframed(ETH_MACS_LEN, &[&r.data[..ETH_MACS_LEN], tags].concat())))
+}
+
+/// The capture with a 4-byte FCS ending each frame, announced in the header, as a NIC that keeps
+/// it delivers it: a frame the snapshot length cut lost its FCS with its tail. Readers do not
+/// check its value.
+fn with_fcs(pcap: &Pcap) -> Pcap {
+    let mut out = pcap.map(pcap.link_type, |r| {
+        let mut r = r.clone();
+        if r.data.len() == r.len as usize {
+            r.data.extend_from_slice(&[0xfc; 4]);
+        }
+        r.len += 4;
+        Some(r)
+    });
+    out.format.fcs_len = 4;
+    out
+}
+
+#[test]
+fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
+    let live = live();
+    let kernel = by_flow(&live.kernel);
+    let file = TempFile::with("pcap", &live.pcap)?;
+    let lines = replay(Input::File(&file.0), CONFIG, QUICK)?.succeeded()?.lines()?;
     let replayed = by_flow(&lines);
 
     let http: Vec<&String> = kernel.keys().filter(|k| k.contains(":80\"")).collect();
@@ -83,7 +342,7 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
     let handshakes =
         |lines: &[Value]| lines.iter().find(|v| v["type"] == "fridge_class" && v["class"] == "tcp-handshake").cloned();
     let (k, r) =
-        (handshakes(&kernel_lines).context("no fridge line live")?, handshakes(&lines).context("none in replay")?);
+        (handshakes(&live.kernel).context("no fridge line live")?, handshakes(&lines).context("none in replay")?);
     eprintln!("kernel {k}\nreplay {r}");
     assert_eq!(k["window_samples"], 3, "three connections' handshakes");
     assert_eq!(k["window_samples"], r["window_samples"]);
@@ -92,4 +351,242 @@ fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
         assert!((kq - rq).abs() / kq < 0.02, "handshake {q}: {kq} ns in the kernel, {rq} ns in replay");
     }
     Ok(())
+}
+
+/// tcpdump's capture (classic pcap, ns, Ethernet) rewritten in every form replay reads, each
+/// replayed: the same frames replayed, exactly the same flow and fridge lines.
+#[test]
+fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
+    let live = live();
+    let pcap = Pcap::parse(&live.pcap)?;
+    ensure!(pcap.link_type == LINKTYPE_ETHERNET && pcap.format.nanos, "tcpdump wrote {:?}", pcap.format);
+    let original = TempFile::with("pcap", &live.pcap)?;
+    let reference = replay(Input::File(&original.0), CONFIG, QUICK)?.succeeded()?;
+    ensure!(reference.lines()?.iter().any(|v| v["type"] == "flow"), "the capture replays to no flow");
+
+    let big_endian = Pcap { format: PcapFormat { big_endian: true, ..pcap.format }, ..pcap.clone() };
+    let variants = [
+        ("big-endian", big_endian.to_bytes()?),
+        ("Ethernet with FCS", with_fcs(&pcap).to_bytes()?),
+        ("Linux cooked v1", relinked(&pcap, LINKTYPE_LINUX_SLL, cooked_v1).to_bytes()?),
+        ("Linux cooked v2", relinked(&pcap, LINKTYPE_LINUX_SLL2, cooked_v2).to_bytes()?),
+        ("802.1Q", tagged(&pcap, &[0x81, 0x00, 0x00, 100]).to_bytes()?),
+        ("QinQ", tagged(&pcap, &[0x88, 0xa8, 0x00, 200, 0x81, 0x00, 0x00, 100]).to_bytes()?),
+    ];
+    let mut failures = Vec::new();
+    let mut check = |name: &str, reference: &Run, run: Run| -> Result<()> {
+        let verdict = differs(reference, &run)?;
+        eprintln!("{name}: {}", verdict.as_deref().unwrap_or("the same figures"));
+        failures.extend(verdict.map(|v| format!("{name}: {v}")));
+        Ok(())
+    };
+    let pcapng = editcap_pcapng(&original.0)?;
+    check("pcapng (editcap)", &reference, replay(Input::File(&pcapng.0), CONFIG, QUICK)?)?;
+    for (name, bytes) in variants {
+        let file = TempFile::with("pcap", &bytes)?;
+        check(name, &reference, replay(Input::File(&file.0), CONFIG, QUICK)?)?;
+    }
+    let stdin = replay(Input::Stdin(Box::new(|w| w.write_all(&live.pcap))), CONFIG, QUICK)?;
+    check("standard input", &reference, stdin)?;
+    // Forms the capture cannot take unchanged, each against the Ethernet capture of the same
+    // records: a raw-IP capture holds IP packets only (this one lacks the ARP frames), µs
+    // timestamps are whole µs.
+    let ip = pcap.map(pcap.link_type, |r| matches!(r.ethertype(), 0x0800 | 0x86dd).then(|| r.clone()));
+    let whole_us = pcap.map(pcap.link_type, |r| Some(Record { ts_ns: r.ts_ns / 1000 * 1000, ..r.clone() }));
+    let pairs = [
+        ("raw IP", ip.clone(), relinked(&ip, LINKTYPE_RAW, |_| Vec::new())),
+        ("µs timestamps", whole_us.clone(), Pcap { format: PcapFormat { nanos: false, ..pcap.format }, ..whole_us }),
+    ];
+    for (name, ethernet, variant) in pairs {
+        let (ethernet, variant) =
+            (TempFile::with("pcap", &ethernet.to_bytes()?)?, TempFile::with("pcap", &variant.to_bytes()?)?);
+        let reference = replay(Input::File(&ethernet.0), CONFIG, QUICK)?.succeeded()?;
+        check(name, &reference, replay(Input::File(&variant.0), CONFIG, QUICK)?)?;
+    }
+    assert!(failures.is_empty(), "replay differs from the classic pcap's:\n{}", failures.join("\n"));
+    Ok(())
+}
+
+/// A timestamp decades ahead in a record, or a day between two halves of a capture: the record
+/// is refused, the halves replayed, neither in time nor memory proportional to the epochs
+/// between.
+#[test]
+fn corrupt_and_distant_timestamps_neither_abort_nor_allocate() -> Result<()> {
+    let live = live();
+    let pcap = Pcap::parse(&live.pcap)?;
+    let n = pcap.records.len();
+
+    // Five TCP segments, the third stamped decades ahead: refused, quickly.
+    let mut five = pcap.map(pcap.link_type, |r| r.tcp4().is_some().then(|| r.clone()));
+    five.records.truncate(5);
+    five.records[2].ts_ns += FAR_NS;
+    let file = TempFile::with("pcap", &five.to_bytes()?)?;
+    let run = replay(Input::File(&file.0), SHORT_EPOCHS, QUICK)?.succeeded()?;
+    let summary = run.summary()?;
+    eprintln!("five records, one far ahead: {summary} in {:?}", run.elapsed);
+    assert_eq!(summary["frames"], 5, "{summary}");
+    assert_eq!(refused(&summary, "timestamp"), 1, "{summary}");
+    assert_eq!(summary["replayed"], 4, "{summary}");
+
+    // A request in the middle of the live capture stamped decades ahead: only its flow changes,
+    // by that one packet.
+    let clean = replay(Input::File(&TempFile::with("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?;
+    let mid = (n / 2..n).find(|&i| pcap.records[i].tcp4().is_some_and(|t| t.payload > 0)).context("no request")?;
+    let client = pcap.records[mid].tcp4().unwrap().source.to_string();
+    let mut corrupt = pcap.clone();
+    corrupt.records[mid].ts_ns += FAR_NS;
+    let run = replay(Input::File(&TempFile::with("pcap", &corrupt.to_bytes()?)?.0), CONFIG, QUICK)?.succeeded()?;
+    let summary = run.summary()?;
+    eprintln!("record {mid} of {n} far ahead: {summary}");
+    assert_eq!((summary["frames"].as_u64(), summary["complete"].as_bool()), (Some(n as u64), Some(true)), "{summary}");
+    assert_eq!(refused(&summary, "timestamp"), 1, "{summary}");
+    let (want, got) = (by_flow(&clean.lines()?), by_flow(&run.lines()?));
+    assert_eq!(want.keys().collect::<Vec<_>>(), got.keys().collect::<Vec<_>>());
+    for (key, w) in &want {
+        if w["client"] == client.as_str() {
+            assert_eq!(got[key]["packets"].as_u64(), w["packets"].as_u64().map(|p| p - 1), "{key}: one packet fewer");
+        } else {
+            assert_eq!(&got[key], w, "{key}");
+        }
+    }
+
+    // The second half a day later, in 10 ms epochs: no record refused, every connection (the
+    // first only in the first half, the last only in the second) measured, in constant memory.
+    let mut apart = pcap.clone();
+    apart.records[n / 2..].iter_mut().for_each(|r| r.ts_ns += DAY_NS);
+    let run = replay(Input::File(&TempFile::with("pcap", &apart.to_bytes()?)?.0), SHORT_EPOCHS, QUICK)?.succeeded()?;
+    let summary = run.summary()?;
+    eprintln!("halves a day apart: {summary} in {:?}, peak {} KiB", run.elapsed, run.max_rss_kib);
+    assert_eq!((summary["frames"].as_u64(), summary["complete"].as_bool()), (Some(n as u64), Some(true)), "{summary}");
+    assert_eq!(refused(&summary, "timestamp"), 0, "{summary}");
+    let measured: BTreeSet<String> = run
+        .lines()?
+        .iter()
+        .filter(|v| v["type"] == "flow" && v["proto"] == "tcp")
+        .filter_map(|v| v["client"].as_str().map(str::to_string))
+        .collect();
+    let connections: BTreeSet<String> =
+        pcap.records.iter().filter_map(|r| r.tcp4()).map(|t| t.source.to_string()).collect();
+    assert_eq!(measured, connections, "the connections with a flow line");
+    run.check_memory()
+}
+
+/// A capture cut inside a record: the replay prints what the records before the cut give (the
+/// same as a capture that ends there), then a summary saying where it stopped, and fails.
+#[test]
+fn truncated_capture_reports_what_it_read_then_fails() -> Result<()> {
+    let live = live();
+    let pcap = Pcap::parse(&live.pcap)?;
+    let kept = pcap.records.len() / 2;
+    let boundary =
+        PCAP_HEADER_LEN + pcap.records[..kept].iter().map(|r| RECORD_HEADER_LEN + r.data.len()).sum::<usize>();
+    let cut = boundary + RECORD_HEADER_LEN + pcap.records[kept].data.len() / 2;
+    let (whole, truncated) =
+        (TempFile::with("pcap", &live.pcap[..boundary])?, TempFile::with("pcap", &live.pcap[..cut])?);
+
+    let run = replay(Input::File(&truncated.0), CONFIG, QUICK)?;
+    eprintln!("cut at byte {cut}: {}; stderr: {}", run.status, run.stderr.trim());
+    assert!(!run.status.success(), "a truncated capture replayed successfully");
+    assert!(run.stderr.contains("truncated"), "stderr does not name the problem: {}", run.stderr);
+    let summary = run.summary()?;
+    assert_eq!(summary["complete"], false, "{summary}");
+    assert!(summary["error"].as_str().is_some_and(|e| !e.is_empty()), "no error in {summary}");
+    assert_eq!(summary["frames"], kept, "{summary}");
+    let read = replay(Input::File(&whole.0), CONFIG, QUICK)?.succeeded()?;
+    let (want, got) = (figures(&read.lines()?), figures(&run.lines()?));
+    assert!(want.iter().any(|l| l.contains(r#""type":"flow""#)), "no flow line before the cut");
+    assert_eq!(want, got, "the lines for the records before the cut");
+    Ok(())
+}
+
+/// ARP requests only: nothing the parser takes, so nothing measured: the replay fails saying so.
+#[test]
+fn a_capture_with_nothing_to_measure_fails() -> Result<()> {
+    const FRAMES: u64 = 7;
+    let mac = [0x02, 0, 0, 0, 0, 1];
+    // Who has 10.0.0.(2 + i)? Tell 10.0.0.1.
+    let arp = |i: u64| {
+        let fields = [0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1];
+        let data = [&[0xff; 6][..], &mac, &fields, &mac, &[10, 0, 0, 1], &[0; 6], &[10, 0, 0, 2 + i as u8]].concat();
+        Record { ts_ns: 1_700_000_000_000_000_000 + i * 1_000_000, len: data.len() as u32, data }
+    };
+    let format = PcapFormat { big_endian: false, nanos: true, fcs_len: 0 };
+    let pcap = Pcap { format, link_type: LINKTYPE_ETHERNET, snaplen: 256, records: (0..FRAMES).map(arp).collect() };
+    let run = replay(Input::File(&TempFile::with("pcap", &pcap.to_bytes()?)?.0), CONFIG, QUICK)?;
+    eprintln!("{}; stderr: {}", run.status, run.stderr.trim());
+    assert!(!run.status.success(), "a capture with nothing to measure replayed successfully");
+    assert!(run.stderr.contains("nothing measured"), "stderr: {}", run.stderr);
+    let summary = run.summary()?;
+    assert_eq!((summary["frames"].as_u64(), summary["replayed"].as_u64()), (Some(FRAMES), Some(0)), "{summary}");
+    assert_eq!(refused(&summary, "not_ip"), FRAMES, "{summary}");
+    assert_eq!(summary["complete"], true, "{summary}");
+    Ok(())
+}
+
+/// 2 GiB of capture on standard input, never on disk: the live capture over and over, each
+/// repetition 1 ms after the last, its connections from new clients (new flows). Every record is
+/// read and replayed as the capture's own are, every connection measured, in constant memory.
+#[test]
+fn a_two_gigabyte_capture_replays_in_constant_memory() -> Result<()> {
+    const BYTES: u64 = 2 << 30;
+    const FIRST_PORT: u64 = 1024;
+    const PORTS: u64 = 65_536 - FIRST_PORT;
+    let live = live();
+    let pcap = Pcap::parse(&live.pcap)?;
+    let reference =
+        replay(Input::File(&TempFile::with("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?.summary()?;
+    let (first, last) = (pcap.records[0].ts_ns, pcap.records.last().unwrap().ts_ns);
+    let period = last - first + 1_000_000;
+    // Each TCP segment with the number of its connection in the capture.
+    let clients: BTreeSet<SocketAddrV4> = pcap.records.iter().filter_map(|r| r.tcp4()).map(|t| t.source).collect();
+    let connections = clients.len() as u64;
+    let segments: Vec<Option<(u64, Tcp4)>> =
+        pcap.records.iter().map(|r| r.tcp4().map(|t| (clients.range(..t.source).count() as u64, t))).collect();
+    let repetition: u64 = pcap.records.iter().map(|r| (RECORD_HEADER_LEN + r.data.len()) as u64).sum();
+    let repetitions = BYTES.div_ceil(repetition);
+    let records = repetitions * pcap.records.len() as u64;
+
+    // Connection `id` of the stream comes from port FIRST_PORT + id % PORTS of the address
+    // id / PORTS above its original client's.
+    let feed = |out: &mut dyn Write| -> io::Result<()> {
+        let mut w = pcap.writer(out)?;
+        let mut copy = pcap.records.clone();
+        for k in 0..repetitions {
+            for ((r, original), segment) in copy.iter_mut().zip(&pcap.records).zip(&segments) {
+                r.ts_ns = original.ts_ns + k * period;
+                if let Some((connection, t)) = segment {
+                    let id = k * connections + connection;
+                    let addr = u32::from(*t.source.ip()) + (id / PORTS) as u32;
+                    r.data[t.addr_at..t.addr_at + 4].copy_from_slice(&addr.to_be_bytes());
+                    r.data[t.port_at..t.port_at + 2].copy_from_slice(&((FIRST_PORT + id % PORTS) as u16).to_be_bytes());
+                }
+                w.record(r)?;
+            }
+        }
+        Ok(())
+    };
+    let run = replay(Input::Stdin(Box::new(feed)), CONFIG, LARGE_LIMIT)?;
+    eprintln!(
+        "{records} records ({repetitions} × {}, {} MiB) replayed in {:?}: {}, peak {} KiB",
+        pcap.records.len(),
+        (repetitions * repetition) >> 20,
+        run.elapsed,
+        run.status,
+        run.max_rss_kib,
+    );
+    let run = run.succeeded()?;
+    let summary = run.summary()?;
+    eprintln!("{summary}");
+    assert_eq!(summary["frames"], records, "{summary}");
+    assert_eq!(summary["replayed"].as_u64(), reference["replayed"].as_u64().map(|r| r * repetitions), "{summary}");
+    assert_eq!((summary["complete"].as_bool(), refused(&summary, "timestamp")), (Some(true), 0), "{summary}");
+    let mut measured = BTreeSet::new();
+    for line in run.stdout.lines() {
+        let v: Value = serde_json::from_str(line)?;
+        if v["type"] == "flow" && v["proto"] == "tcp" {
+            measured.insert(v["client"].as_str().context("a flow line without a client")?.to_string());
+        }
+    }
+    assert_eq!(measured.len() as u64, repetitions * connections, "connections measured");
+    run.check_memory()
 }

@@ -32,7 +32,7 @@ use pirated::{
         reconcile::NO_UPSTREAM,
         wire::Message,
     },
-    source::replay::read_pcap,
+    source::capture::read_all,
 };
 use serde_json::Value;
 
@@ -220,7 +220,7 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     captures[1].stop()?;
     let offset = tai_offset_ns();
     let (sent, arrived) =
-        (probes(read_pcap(captures[0].path())?, offset), probes(read_pcap(captures[1].path())?, offset));
+        (probes(read_all(captures[0].path())?, offset), probes(read_all(captures[1].path())?, offset));
     let last = sent.values().max().context("no probe passed U")? / INTERVAL_NS;
     reporter
         .wait_for(Duration::from_secs(5), |l| l["type"] == "segment" && l["interval"].as_i64() >= Some(last + 1))?;

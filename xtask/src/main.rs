@@ -27,6 +27,17 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Runs each cargo-fuzz target (fuzz/: the frame parser, the per-packet steps over a
+    /// replayed capture, the capture reader) for a while from its corpus in fuzz/corpus
+    /// (new inputs go to a temporary directory); a crash fails, its input in fuzz/artifacts.
+    /// `test` runs it too, 20 s a target.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+        /// Targets (default: all).
+        targets: Vec<String>,
+    },
     /// Benchmarks, printed side by side with their baselines.
     Bench {
         #[command(subcommand)]
@@ -110,6 +121,31 @@ fn cargo(args: &[&str]) -> Command {
     c
 }
 
+const FUZZ_TARGETS: [&str; 3] = ["parse", "step", "capture"];
+
+/// Runs each of `targets` for `seconds` under libFuzzer (nightly, sanitizers), from its corpus.
+fn fuzz(targets: &[String], seconds: u32) -> Result<()> {
+    let all: Vec<String> = FUZZ_TARGETS.iter().map(|t| t.to_string()).collect();
+    let dir = root().join("fuzz");
+    for target in if targets.is_empty() { &all } else { targets } {
+        let scratch = std::env::temp_dir().join(format!("pirate-fuzz-{target}-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch)?;
+        // Optimised, as CI runs it; stderr closed for the target (replay's summaries), kept for
+        // libFuzzer's own report.
+        let result = run(Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "run", "-O", target])
+            .arg(&scratch)
+            .arg(dir.join("corpus").join(target))
+            .args(["--", &format!("-max_total_time={seconds}"), "-close_fd_mask=2"])
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .current_dir(&dir));
+        std::fs::remove_dir_all(&scratch)?;
+        result?;
+        eprintln!("xtask: fuzz target {target}: no crash in {seconds} s");
+    }
+    Ok(())
+}
+
 /// Builds the benchmark binary `bin` and the binaries it runs (`with`) in release mode, then runs
 /// it with `args`.
 fn bench(bin: &str, with: &[&str], args: &[String]) -> Result<()> {
@@ -130,6 +166,7 @@ fn main() -> Result<()> {
         Task::Test { args } => {
             run(&mut cargo(&["fmt", "--all", "--check"]))?;
             run(&mut cargo(&["fmt", "--manifest-path", "pirate-ebpf/Cargo.toml", "--check"]))?;
+            run(&mut cargo(&["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"]))?;
             run(&mut cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
             // Testbed tests spawn pirated and the link emulator from target/debug.
             run(&mut cargo(&["build", "--workspace", "--bins", "--quiet"]))?;
@@ -140,8 +177,13 @@ fn main() -> Result<()> {
                 .args(&args)
                 .args(["--", "--test-threads=1", "--nocapture"])
                 .env("RUST_BACKTRACE", "0")
-                .env("RUST_LIB_BACKTRACE", "0"))
+                .env("RUST_LIB_BACKTRACE", "0"))?;
+            if args.is_empty() {
+                fuzz(&[], 20)?;
+            }
+            Ok(())
         }
+        Task::Fuzz { seconds, targets } => fuzz(&targets, seconds),
         Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
         Task::Bench { which: Bench::Epoch { args } } => bench("pirate-epoch-bench", &[], &args),
         Task::Bench { which: Bench::Fridge { args } } => bench("pirate-fridge-bench", &[], &args),

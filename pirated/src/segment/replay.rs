@@ -3,7 +3,7 @@
 //! as a live point closes them, and the downstream point's reconciliation, so the lines are
 //! those a live pair would have printed for the same packets.
 
-use std::{collections::BTreeMap, io::Write, path::Path, time::Instant};
+use std::{collections::BTreeMap, io::Write, time::Instant};
 
 use anyhow::{bail, Context};
 use pirate_common::{
@@ -17,17 +17,10 @@ use super::{
     reconcile::{reconcile, DOWNSTREAM_UNMEASURED},
     wire::Record,
 };
-use crate::{config::segment::SegmentConfig, source::replay::read_pcap};
-
-/// What one capture recorded: a record per interval it has packets in, and its packet cache.
-struct Point {
-    records: BTreeMap<u64, Record>,
-    cache: Cache,
-    /// Frames the parser refused (the datapath passes them by), and frames stamped before one
-    /// already replayed (a capture's clock stepped back), left out.
-    unparsed: u64,
-    backwards: u64,
-}
+use crate::{
+    config::segment::SegmentConfig,
+    source::capture::{CaptureReader, Tally},
+};
 
 /// Both halves of a point's banks in memory, as the per-CPU maps hold one CPU's.
 struct Banks {
@@ -98,46 +91,112 @@ fn empty(shape: &SegmentShape, interval: u64) -> Record {
     }
 }
 
-/// Replays one capture. `tai_offset_ns` takes its timestamps (UTC) to the points' clock.
-fn point(shape: SegmentShape, cache_packets: usize, frames: &[(u64, Vec<u8>)], tai_offset_ns: i64) -> Point {
-    let mut banks = Banks::new(shape, cache_packets);
-    let (mut records, mut unparsed, mut backwards) = (BTreeMap::new(), 0, 0);
-    let mut pkt = PacketCtx::default();
-    let mut current: Option<u64> = None;
-    for (ts, frame) in frames {
-        if parse(frame.as_slice(), &mut pkt).is_err() {
-            unparsed += 1;
-            continue;
-        }
-        let ts = ts.saturating_add_signed(tai_offset_ns);
-        let interval = shape.interval(ts);
-        match current {
-            Some(c) if interval < c => {
-                backwards += 1;
-                continue;
-            }
-            Some(c) if interval > c => {
-                records.insert(c, banks.close(c));
-            }
-            _ => {}
-        }
-        current = Some(interval);
-        packet(&shape, identity(frame.as_slice(), &pkt), ts, &mut banks);
-    }
-    if let Some(c) = current {
-        records.insert(c, banks.close(c));
-    }
-    Point { records, cache: banks.cache, unparsed, backwards }
+/// One capture replayed as a stream: its frames into the banks up to an interval, each
+/// interval closed into a record once a frame of a later one arrives (as the live point reads a
+/// half once the next interval has begun), kept until reconciled.
+struct Point {
+    reader: CaptureReader,
+    banks: Banks,
+    tai_offset_ns: i64,
+    pkt: PacketCtx,
+    records: BTreeMap<u64, Record>,
+    /// The interval the banks are filling (the capture's last, once it ended).
+    current: Option<u64>,
+    ended: bool,
+    tally: Tally,
 }
 
-/// Replays `up` and `down` (pcap captures at the two points) with `[segment]`'s shape and prints
-/// a JSON line for every interval of the upstream capture, as the live downstream point would;
-/// an interval past the end of the downstream capture is reported unmeasured. A summary goes to
-/// stderr; a replay that measured no interval is an error.
+impl Point {
+    fn new(reader: CaptureReader, shape: SegmentShape, cache_packets: usize, tai_offset_ns: i64) -> Point {
+        Point {
+            reader,
+            banks: Banks::new(shape, cache_packets),
+            tai_offset_ns,
+            pkt: PacketCtx::default(),
+            records: BTreeMap::new(),
+            current: None,
+            ended: false,
+            tally: Tally::default(),
+        }
+    }
+
+    /// Reads frames until every interval up to `through` is closed (or the capture ends). A frame
+    /// stamped in an interval before the current one (the capture's clock stepped back) is left
+    /// out as `backwards`.
+    fn advance(&mut self, through: u64) {
+        let shape = self.banks.shape;
+        while !self.ended && self.current.is_none_or(|c| c <= through) {
+            let (ts, frame) = match self.reader.frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => {
+                    self.end();
+                    break;
+                }
+                Err(e) => {
+                    self.tally.error = Some(e);
+                    self.end();
+                    break;
+                }
+            };
+            if let Err(reject) = parse(frame, &mut self.pkt) {
+                self.tally.refused.add(reject.name());
+                continue;
+            }
+            let ts = ts.saturating_add_signed(self.tai_offset_ns);
+            let interval = shape.interval(ts);
+            match self.current {
+                Some(c) if interval < c => {
+                    self.tally.refused.add("backwards");
+                    continue;
+                }
+                Some(c) if interval > c => {
+                    self.records.insert(c, self.banks.close(c));
+                }
+                _ => {}
+            }
+            self.current = Some(interval);
+            self.tally.replayed += 1;
+            packet(&shape, identity(frame, &self.pkt), ts, &mut self.banks);
+        }
+    }
+
+    fn end(&mut self) {
+        self.ended = true;
+        if let Some(c) = self.current {
+            self.records.insert(c, self.banks.close(c));
+        }
+    }
+
+    /// The first interval after `interval` this capture has a packet in, as far as it has read.
+    fn next_after(&self, interval: u64) -> Option<u64> {
+        let closed = self.records.range(interval + 1..).next().map(|(&i, _)| i);
+        closed.or(self.current.filter(|&c| c > interval))
+    }
+
+    /// Forgets the records and cached packets of intervals before `interval`.
+    fn keep_from(&mut self, interval: u64) {
+        self.records = self.records.split_off(&interval);
+        self.banks.cache.keep_from(interval);
+    }
+
+    /// The capture's `"type": "capture"` line.
+    fn finish(mut self, point: &str) -> (serde_json::Value, Tally) {
+        self.tally.finish(self.reader);
+        (self.tally.json(serde_json::json!({ "point": point })), self.tally)
+    }
+}
+
+/// Replays `up` and `down` (the captures at the two points) with
+/// `[segment]`'s shape and prints a JSON line for every interval either capture has a packet in,
+/// from the upstream capture's first to its last, as the live downstream point would (an
+/// interval past the end of the downstream capture is reported unmeasured); then a
+/// `"type": "capture"` line per capture. Both are read as streams, a few intervals at a time. A
+/// summary goes to stderr; a replay that measured no interval, or a capture that ended in an
+/// error, is an error.
 pub fn run(
     config: &SegmentConfig,
-    up: &Path,
-    down: &Path,
+    up: CaptureReader,
+    down: CaptureReader,
     tai_offset_ns: i64,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
@@ -145,38 +204,46 @@ pub fn run(
     if shape.interval_ns == 0 {
         bail!("segment.interval must be above 0 to replay a segment");
     }
-    let replay = |path: &Path| -> anyhow::Result<Point> {
-        let frames = read_pcap(path)?;
-        Ok(point(shape, config.cache_packets as usize, &frames, tai_offset_ns))
-    };
-    let (u, d) = (replay(up)?, replay(down)?);
-    let (Some(&first), Some(&last)) = (u.records.keys().next(), u.records.keys().next_back()) else {
-        bail!("{}: no frame pirated's parser accepts, nothing to replay", up.display());
-    };
-    let down_last = d.records.keys().next_back().copied();
-    let mut measured = 0;
-    for interval in first..=last {
+    let cache = config.cache_packets as usize;
+    let (up_path, down_path) = (up.path().to_owned(), down.path().to_owned());
+    let (mut u, mut d) = (Point::new(up, shape, cache, tai_offset_ns), Point::new(down, shape, cache, tai_offset_ns));
+    u.advance(0);
+    let (mut measured, mut reported, mut next) = (0, 0, u.current);
+    while let Some(interval) = next {
+        u.advance(interval);
+        // D's packets of the interval after too: those sent in this one and late.
+        d.advance(interval + 1);
         let started = Instant::now();
         let up_record = u.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
         let mut down_record = d.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
-        down_record.measured = down_last.is_some_and(|l| interval <= l);
-        let found = Found { up: |id| u.cache.get(interval, id), down: &d.cache, interval };
+        down_record.measured = d.current.is_some_and(|c| interval <= c);
+        let found = Found { up: |id| u.banks.cache.get(interval, id), down: &d.banks.cache, interval };
         let mut report = reconcile(&shape, Some(up_record), down_record, &found);
-        if report.unmeasured.is_none() {
-            measured += 1;
-        }
+        measured += u64::from(report.unmeasured.is_none());
+        reported += 1;
         report.took = started.elapsed();
         report.write_json(out).context("writing a JSON line")?;
+        u.keep_from(interval + 1);
+        d.keep_from(interval + 1);
+        // The next interval with a packet at either point, up to U's last.
+        next = [u.next_after(interval), d.next_after(interval)].into_iter().flatten().min();
+        next = next.filter(|&n| !u.ended || u.current.is_some_and(|last| n <= last));
+    }
+    let (up_line, up_tally) = u.finish("up");
+    let (down_line, down_tally) = d.finish("down");
+    for line in [up_line, down_line] {
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")?;
     }
     eprintln!(
-        "pirated: replayed intervals {first}..={last} ({} measured; {} beyond the downstream capture as {DOWNSTREAM_UNMEASURED}); frames the parser refused: {} upstream, {} downstream; stamped backwards: {}, {}",
-        measured,
-        last - first + 1 - measured,
-        u.unparsed,
-        d.unparsed,
-        u.backwards,
-        d.backwards
+        "pirated: replayed {reported} intervals, {measured} measured ({} unmeasured, beyond the downstream capture as {DOWNSTREAM_UNMEASURED}); upstream {}: {up_tally}; downstream {}: {down_tally}",
+        reported - measured,
+        up_path.display(),
+        down_path.display()
     );
+    if let Some(e) = up_tally.error.or(down_tally.error) {
+        return Err(e);
+    }
     if measured == 0 {
         bail!("no interval measured: the captures share no interval");
     }

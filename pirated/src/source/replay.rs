@@ -3,9 +3,8 @@
 //! the daemon cuts them.
 //! Needs no privileges.
 
-use std::{collections::HashMap, fs::File, io::Read, path::Path};
+use std::collections::HashMap;
 
-use anyhow::{bail, Context};
 use pirate_common::{
     ctx::PacketCtx,
     fridge::{Fridges, Sample, MAX_FRIDGES},
@@ -15,23 +14,62 @@ use pirate_common::{
     with_modes,
 };
 
-use super::EpochData;
+use super::{
+    capture::{CaptureReader, Tally, JUMP_NS},
+    EpochData,
+};
 use crate::{
     config::Config,
     fridge::{report::FridgeEpoch, table::FridgeTable},
     pirate::flow::FlowEpoch,
 };
 
-/// Runs the capture at `path` through the datapath's code, cut into epochs every `config.epoch`
-/// from the first packet's timestamp and numbered from 1 as in the daemon; the last, partial
-/// epoch too. Each closed epoch goes to `on_epoch`, which may hand back the fridges' new shape
-/// (recalibrated), as the daemon writes it into the datapath.
+/// What a replay read, left out and measured.
+#[derive(Default)]
+pub struct Summary {
+    pub read: Tally,
+    /// The last epoch, and how often the capture's clock stepped back (or too far ahead for an
+    /// epoch number), each starting a new epoch there.
+    pub epochs: u32,
+    pub time_steps: u64,
+    /// Flows forgotten to stay within `max_flows`, oldest first, as the kernel's table does.
+    pub flows_evicted: u64,
+}
+
+impl Summary {
+    /// The `"type": "capture"` JSON line.
+    pub fn json(&self) -> serde_json::Value {
+        self.read.json(serde_json::json!({
+            "epochs": self.epochs,
+            "time_steps": self.time_steps,
+            "flows_evicted": self.flows_evicted,
+        }))
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; {} epochs", self.read, self.epochs)?;
+        if self.time_steps > 0 {
+            write!(f, "; the capture's clock stepped back (or beyond any epoch) {} times", self.time_steps)?;
+        }
+        if self.flows_evicted > 0 {
+            write!(f, "; {} flows forgotten beyond max_flows", self.flows_evicted)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the capture `reader` reads through the datapath's code, cut into
+/// epochs every `config.epoch` from the first packet's timestamp and numbered from 1 as in the
+/// daemon; the last, partial epoch too. Epochs without a packet are skipped, not closed one by
+/// one: a capture's clock may jump a day. Each closed epoch goes to `on_epoch`, which may hand
+/// back the fridges' new shape (recalibrated), as the daemon writes it into the datapath.
 pub fn run(
     config: &Config,
-    path: &Path,
+    reader: CaptureReader,
     on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
-) -> anyhow::Result<()> {
-    let packets = read_pcap(path)?;
+) -> anyhow::Result<Summary> {
     let params = config.params();
     // The fridges draw their entry decisions from a fixed seed: a replay repeats itself.
     let fridges = config.fridge.enabled.then(|| ReplayFridges {
@@ -39,57 +77,113 @@ pub fn run(
         samples: Vec::new(),
         offered: [0; MAX_FRIDGES],
     });
+    let replay = Replay { epoch_ns: config.epoch.as_nanos(), params: &params, max_flows: config.max_flows as usize };
     // The same state layout as the daemon's, so the same modes fit.
-    with_modes!(Layout::for_modes(config.pirate.modes), M => epochs::<M>(config.epoch.as_nanos(), &params, &packets, fridges, on_epoch))
+    with_modes!(Layout::for_modes(config.pirate.modes), M => replay.epochs::<M>(reader, fridges, on_epoch))
 }
 
-fn epochs<const M: usize>(
+struct Replay<'a> {
     epoch_ns: u64,
-    params: &Params,
-    packets: &[(u64, Vec<u8>)],
-    mut fridges: Option<ReplayFridges>,
-    mut on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
-) -> anyhow::Result<()> {
-    let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
-    let Some(&(t0, _)) = packets.first() else { return Ok(()) };
-    let mut epoch: u32 = 1;
-    // An epoch closes before any packet of the next one: no state is handed over early, as in
-    // the kernel for every flow that stays quiet until the drain.
-    let mut close = |flows: &HashMap<FlowKey, FlowState<M>>,
-                     fridges: &mut Option<ReplayFridges>,
-                     closed: u32,
-                     span_ns: u64|
-     -> anyhow::Result<()> {
-        let fridge = fridges.as_mut().map(|f| f.close(span_ns));
-        let flows =
-            flows.iter().filter(|(_, st)| st.measured(closed)).map(|(k, st)| FlowEpoch::from_state(*k, st)).collect();
-        if let (Some(shape), Some(f)) = (on_epoch(EpochData { epoch: closed, flows, fridge })?, fridges.as_mut()) {
-            f.table.reshape(shape);
+    params: &'a Params,
+    max_flows: usize,
+}
+
+/// The epoch being replayed and where it starts.
+struct Clock {
+    epoch: u32,
+    start_ns: u64,
+}
+
+impl Replay<'_> {
+    fn epochs<const M: usize>(
+        &self,
+        mut reader: CaptureReader,
+        mut fridges: Option<ReplayFridges>,
+        mut on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
+    ) -> anyhow::Result<Summary> {
+        let mut flows: HashMap<FlowKey, FlowState<M>> = HashMap::new();
+        let mut summary = Summary::default();
+        // An epoch closes before any packet of the next one: no state is handed over early, as in
+        // the kernel for every flow that stays quiet until the drain.
+        let mut close = |flows: &HashMap<FlowKey, FlowState<M>>,
+                         fridges: &mut Option<ReplayFridges>,
+                         closed: u32,
+                         span_ns: u64|
+         -> anyhow::Result<()> {
+            let fridge = fridges.as_mut().map(|f| f.close(span_ns));
+            let flows = flows
+                .iter()
+                .filter(|(_, st)| st.measured(closed))
+                .map(|(k, st)| FlowEpoch::from_state(*k, st))
+                .collect();
+            if let (Some(shape), Some(f)) = (on_epoch(EpochData { epoch: closed, flows, fridge })?, fridges.as_mut()) {
+                f.table.reshape(shape);
+            }
+            Ok(())
+        };
+        let mut clock: Option<Clock> = None;
+        let (mut pkt, mut last_ns) = (PacketCtx::default(), 0);
+        loop {
+            let (ts, frame) = match reader.frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(e) => {
+                    summary.read.error = Some(e);
+                    break;
+                }
+            };
+            let c = clock.get_or_insert(Clock { epoch: 1, start_ns: ts });
+            if ts >= c.start_ns + self.epoch_ns || ts.saturating_add(JUMP_NS) < c.start_ns {
+                close(&flows, &mut fridges, c.epoch, self.epoch_ns)?;
+                if !self.skip_to(c, ts) {
+                    summary.time_steps += 1;
+                    *c = Clock { epoch: c.epoch.saturating_add(1), start_ns: ts };
+                }
+            }
+            if let Err(reject) = parse(frame, &mut pkt) {
+                summary.read.refused.add(reject.name());
+                continue;
+            }
+            summary.read.replayed += 1;
+            last_ns = ts;
+            pkt.ts_ns = ts;
+            if let Some(f) = &mut fridges {
+                f.table.packet(&pkt, |s| f.samples.push(s));
+            }
+            if measures(&pkt) {
+                if flows.len() >= self.max_flows + self.max_flows / 4 && !flows.contains_key(&pkt.key) {
+                    summary.flows_evicted += evict(&mut flows, self.max_flows);
+                }
+                let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(c.epoch));
+                step(st, c.epoch, &pkt, self.params, |_| {});
+            }
         }
-        Ok(())
-    };
-    let mut pkt = PacketCtx::default();
-    for (ts, frame) in packets {
-        let due = 1 + ((ts.saturating_sub(t0)) / epoch_ns) as u32;
-        while epoch < due {
-            close(&flows, &mut fridges, epoch, epoch_ns)?;
-            epoch += 1;
+        if let Some(c) = clock {
+            close(&flows, &mut fridges, c.epoch, last_ns.saturating_sub(c.start_ns).max(1))?;
+            summary.epochs = c.epoch;
         }
-        if parse(frame.as_slice(), &mut pkt).is_err() {
-            continue;
-        }
-        pkt.ts_ns = *ts;
-        if let Some(f) = &mut fridges {
-            f.table.packet(&pkt, |s| f.samples.push(s));
-        }
-        if measures(&pkt) {
-            let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(epoch));
-            step(st, epoch, &pkt, params, |_| {});
-        }
+        summary.read.finish(reader);
+        Ok(summary)
     }
-    let last = packets.last().map_or(t0, |p| p.0);
-    let partial = last.saturating_sub(t0 + (epoch as u64 - 1) * epoch_ns).max(1);
-    close(&flows, &mut fridges, epoch, partial)
+
+    /// Moves `clock` forward to the epoch `ts` falls in, past any empty ones; false if `ts` is
+    /// before it or too far ahead to number.
+    fn skip_to(&self, clock: &mut Clock, ts: u64) -> bool {
+        let Some(ahead) = ts.checked_sub(clock.start_ns).map(|d| d / self.epoch_ns) else { return false };
+        let Some(epoch) = u32::try_from(ahead).ok().and_then(|n| clock.epoch.checked_add(n)) else { return false };
+        *clock = Clock { epoch, start_ns: clock.start_ns + ahead * self.epoch_ns };
+        true
+    }
+}
+
+/// Keeps the `keep` flows heard from last (the kernel's LRU table likewise forgets its oldest);
+/// how many it forgot.
+fn evict<const M: usize>(flows: &mut HashMap<FlowKey, FlowState<M>>, keep: usize) -> u64 {
+    let mut last: Vec<u64> = flows.values().map(|st| st.last_pkt.get()).collect();
+    let before = flows.len();
+    let (_, &mut oldest_kept, _) = last.select_nth_unstable(before - keep);
+    flows.retain(|_, st| st.last_pkt.get() >= oldest_kept);
+    (before - flows.len()) as u64
 }
 
 /// The fridges in replay: the userspace table, the epoch's samples, and the requests offered
@@ -113,54 +207,4 @@ impl ReplayFridges {
         self.offered = now;
         epoch
     }
-}
-
-/// Reads a classic pcap file (µs or ns timestamps, either byte order, Ethernet link type):
-/// returns (timestamp ns, frame) pairs.
-pub fn read_pcap(path: &Path) -> anyhow::Result<Vec<(u64, Vec<u8>)>> {
-    let mut data = Vec::new();
-    File::open(path).with_context(|| format!("opening {}", path.display()))?.read_to_end(&mut data)?;
-    parse_pcap(&data).with_context(|| format!("reading {}", path.display()))
-}
-
-fn parse_pcap(data: &[u8]) -> anyhow::Result<Vec<(u64, Vec<u8>)>> {
-    if data.len() < 24 {
-        bail!("not a pcap file (too short)");
-    }
-    let magic = u32::from_le_bytes(data[0..4].try_into().unwrap());
-    let (le, nanos) = match magic {
-        0xa1b2c3d4 => (true, false),
-        0xa1b23c4d => (true, true),
-        0xd4c3b2a1 => (false, false),
-        0x4d3cb2a1 => (false, true),
-        0x0a0d0d0a => bail!("pcapng is not supported: write classic pcap (tcpdump -w, or editcap -F pcap)"),
-        _ => bail!("not a pcap file (magic {magic:#x})"),
-    };
-    let u32_at = |off: usize| {
-        let b: [u8; 4] = data[off..off + 4].try_into().unwrap();
-        if le {
-            u32::from_le_bytes(b)
-        } else {
-            u32::from_be_bytes(b)
-        }
-    };
-    let linktype = u32_at(20) & 0x0fff_ffff;
-    if linktype != 1 {
-        bail!("link type {linktype} is not Ethernet (1): capture on an Ethernet interface");
-    }
-    let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= data.len() {
-        let sec = u32_at(off) as u64;
-        let frac = u32_at(off + 4) as u64;
-        let caplen = u32_at(off + 8) as usize;
-        off += 16;
-        if off + caplen > data.len() {
-            bail!("truncated record at byte {off}");
-        }
-        let ts = sec * 1_000_000_000 + if nanos { frac } else { frac * 1000 };
-        out.push((ts, data[off..off + caplen].to_vec()));
-        off += caplen;
-    }
-    Ok(out)
 }

@@ -42,6 +42,11 @@ const INTERVAL_NS: i64 = 1_000_000_000;
 /// in the datapath than in the capture (which stamps a few µs after XDP): their intervals are
 /// left out of the comparison.
 const EDGE_NS: i64 = 20_000;
+/// How much later than XDP a capture may stamp a packet under load: one stamped this soon after
+/// an edge may have been counted before it by the datapath. Such a packet moves the counts of
+/// lost and reordered packets, which are judged against the range it allows, and moves a mean by
+/// about its share of the interval, which the bound on the mean leaves room for.
+const LATE_NS: i64 = 200_000;
 
 const KEY: &str = "two points, one pre-shared key";
 
@@ -60,6 +65,10 @@ struct Truth {
     lost: u64,
     /// Reached D in the next interval.
     crossed: u64,
+    /// The least and most lost and crossed packets the datapath may count, where it stamped
+    /// packets up to `LATE_NS` before the captures did.
+    lost_range: (u64, u64),
+    crossed_range: (u64, u64),
     /// The captures cannot tell its packets apart from its neighbours': one near its edges at
     /// either point, or a probe the capture at U missed.
     unsure: bool,
@@ -82,6 +91,16 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
         into < EDGE_NS || INTERVAL_NS - into < EDGE_NS
     };
     let mut out: BTreeMap<i64, Truth> = BTreeMap::new();
+    // The intervals the datapath may have stamped a packet in: the capture's, or the one before
+    // if the capture stamped it just after an edge.
+    let options = |ts: i64| {
+        let i = ts / INTERVAL_NS;
+        if ts.rem_euclid(INTERVAL_NS) < LATE_NS {
+            vec![i - 1, i]
+        } else {
+            vec![i]
+        }
+    };
     for (seq, &sent) in up {
         let t = out.entry(sent / INTERVAL_NS).or_default();
         match down.get(seq) {
@@ -90,6 +109,20 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
                 t.crossed += u64::from(arrived / INTERVAL_NS > sent / INTERVAL_NS);
             }
             None => t.lost += 1,
+        }
+        let (at_up, at_down) = (options(sent), down.get(seq).map(|&d| options(d)));
+        for &i in &at_up {
+            let (sure, t) = (at_up.len() == 1, out.entry(i).or_default());
+            match &at_down {
+                None => {
+                    t.lost_range.0 += u64::from(sure);
+                    t.lost_range.1 += 1;
+                }
+                Some(at_down) => {
+                    t.crossed_range.0 += u64::from(sure && at_down.iter().all(|&d| d > i));
+                    t.crossed_range.1 += u64::from(at_down.iter().any(|&d| d > i));
+                }
+            }
         }
     }
     // A packet near an edge at either point may lie on the other side of it in the datapath,
@@ -169,13 +202,15 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
     assert!(rda_mean.is_finite() && rda_std.is_finite() && lda_mean.is_finite(), "{line}");
     let counted = (line["rda"]["lost"].as_u64().unwrap(), line["rda"]["reordered"].as_u64().unwrap());
     let decoded = line["rda"]["decoded"] == true;
+    let ((lost_least, lost_most), (crossed_least, crossed_most)) = (truth.lost_range, truth.crossed_range);
     if decoded {
-        assert_eq!(counted, (truth.lost, truth.crossed), "{line}");
+        let within = |n: u64, (least, most): (u64, u64)| (least..=most).contains(&n);
+        assert!(within(counted.0, truth.lost_range) && within(counted.1, truth.crossed_range), "{truth:?}: {line}");
     } else {
         // Packets sharing all their buckets with another (a 2-cycle, about d²/2m² an
         // interval) stay unlisted, their buckets unused: said so, never miscounted.
-        let (listed, missed) = (counted.0 + counted.1, truth.lost + truth.crossed);
-        assert!(counted.0 <= truth.lost && counted.1 <= truth.crossed && listed + 2 >= missed, "{line}");
+        let (listed, missed) = (counted.0 + counted.1, lost_least + crossed_least);
+        assert!(counted.0 <= lost_most && counted.1 <= crossed_most && listed + 2 >= missed, "{line}");
     }
     Some(Judged {
         mean: (rda_mean / mean - 1.0).abs(),
@@ -277,8 +312,9 @@ fn scraped(lines: &[&Value], metrics: &str) -> Option<f64> {
 
 /// Every interval both points saw whole reads the RDA's mean within 0.01 % and its standard
 /// deviation within 10 % of the captures', the LDA's mean within 1 %, and the RDA's lost and
-/// reordered counts exactly; replayed from the captures (with `config`), the same counts and
-/// a mean at least as close.
+/// reordered counts within what the captures allow (exactly, but for packets they stamped just
+/// after an edge); replayed from the captures (with `config`), their counts exactly and a mean
+/// at least as close.
 fn assert_figures(Probed { lines, truths, captures, scrapes }: &Probed, config: &str) -> Result<()> {
     assert_scraped(lines, scrapes);
     let replayed = replay(config, captures[0].path(), captures[1].path())?;
@@ -294,11 +330,11 @@ fn assert_figures(Probed { lines, truths, captures, scrapes }: &Probed, config: 
         // The captures' stamps are the truth's, so the replay's mean is closer to it still.
         let again = replayed.iter().find(|r| r["interval"] == line["interval"]).context("an interval not replayed")?;
         let r = judge("replayed", again, truths).context("judged live, not in replay")?;
-        if j.decoded && r.decoded {
-            assert_eq!(
-                (&again["rda"]["lost"], &again["rda"]["reordered"]),
-                (&line["rda"]["lost"], &line["rda"]["reordered"])
-            );
+        // The replay stamps packets where the captures did: its counts are theirs exactly.
+        if r.decoded {
+            let truth = &truths[&line["interval"].as_i64().unwrap()];
+            let counted = (again["rda"]["lost"].as_u64(), again["rda"]["reordered"].as_u64());
+            assert_eq!(counted, (Some(truth.lost), Some(truth.crossed)), "{again}");
         }
         assert!(r.mean <= worst_mean.max(1e-5) && r.std < 0.1 && r.lda < 0.01, "{again}");
         worst_replayed = worst_replayed.max(r.mean);

@@ -430,3 +430,19 @@ pub enum Of<'a> {
     Flow(&'a str),
     Server(&'a str),
 }
+
+/// Waits up to `timeout` for `child` to exit; kills it (and reaps it) after, an error.
+pub fn exit_within(child: &mut std::process::Child, timeout: Duration) -> Result<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            child.kill()?;
+            child.wait()?;
+            bail!("no exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
-use pirate_tests::testbed::{metric, workspace_binary, OnePoint, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
+use pirate_tests::testbed::{exit_within, metric, workspace_binary, OnePoint, CLIENT_IP, SERVER_IP, VP_CLIENT_IF};
 
 const LISTEN: &str = "127.0.0.1:9466";
 
@@ -72,21 +72,6 @@ fn traffic(tb: &OnePoint, how_long: Duration) -> Result<std::thread::JoinHandle<
         }
         Ok(())
     }))
-}
-
-/// Waits up to `timeout` for `child` to exit.
-fn exit_within(child: &mut Child, timeout: Duration) -> Result<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            child.kill()?;
-            anyhow::bail!("pirated did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Nobody reads the JSON lines: the pipe fills, and epochs go on being drained, estimated and

@@ -138,11 +138,12 @@ impl SegmentConfig {
                 format!("segment.sample_zeros = {}: must be 0..=32 (a share of 2^-n)", self.sample_zeros),
             );
         }
-        if !self.cache_ring_bytes.is_power_of_two() || !(4096..=MAX_CACHE_RING).contains(&self.cache_ring_bytes) {
+        let least = crate::datapath::min_ring_bytes();
+        if !self.cache_ring_bytes.is_power_of_two() || !(least..=MAX_CACHE_RING).contains(&self.cache_ring_bytes) {
             return refuse(
                 &["segment.cache_ring_bytes"],
                 format!(
-                    "segment.cache_ring_bytes = {}: must be a power of two, 4096..={MAX_CACHE_RING}",
+                    "segment.cache_ring_bytes = {}: must be a power of two, {least}..={MAX_CACHE_RING}",
                     self.cache_ring_bytes
                 ),
             );
@@ -157,6 +158,16 @@ impl SegmentConfig {
             return refuse(
                 &["segment.peer", "segment.role"],
                 "segment.peer is not set: the upstream point connects to the downstream one (host:port)".into(),
+            );
+        }
+        if self.role == Role::Up && !is_host_port(&self.peer) {
+            return refuse(
+                &["segment.peer"],
+                format!(
+                    "segment.peer = {:?}: must be the downstream point's listen address, host:port with a port \
+                     1..=65535",
+                    self.peer
+                ),
             );
         }
         if self.role == Role::Both {
@@ -224,6 +235,16 @@ impl SegmentConfig {
         let shape = self.shape();
         ((2 * shape.lda.cells() as u32).max(1), (2 * shape.rda.len() as u32).max(1))
     }
+}
+
+/// Whether `peer` is an address the upstream point can connect to: an IP address and port, or
+/// host:port (the host resolved when connecting). Port 0 takes no connection.
+fn is_host_port(peer: &str) -> bool {
+    if let Ok(addr) = peer.parse::<SocketAddr>() {
+        return addr.port() != 0;
+    }
+    let Some((host, port)) = peer.rsplit_once(':') else { return false };
+    port.parse::<u16>().is_ok_and(|p| p != 0) && !host.is_empty() && !host.contains(char::is_whitespace)
 }
 
 #[cfg(test)]

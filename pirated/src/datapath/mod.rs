@@ -471,6 +471,24 @@ fn layout_tag(config: &Config) -> String {
     .to_lowercase()
 }
 
+/// The longest path pirated makes under `pin_root` for `config` (or for its downstream point,
+/// with `segment.role = "both"`): the layout marker in the instance's directory, whose name
+/// (`layout-` and the tag, `pins::MARKER_PREFIX`) is longer than any map's (at most 15 bytes)
+/// or link's (`link-` and an interface name: at most 20). The kernel refuses a path of
+/// `PATH_MAX` bytes or more.
+pub(crate) fn longest_pin_path(config: &Config) -> usize {
+    let marker = |c: &Config| c.pin_root.len() + 1 + c.instance.len() + 1 + "layout-".len() + layout_tag(c).len();
+    config.downstream_point().map_or(0, |down| marker(&down)).max(marker(config))
+}
+
+/// The smallest ring buffer the kernel makes: a page (a ring's size must be a power of two and a
+/// whole number of pages). 4096 bytes on x86-64; 16 or 64 KiB on some arm64 kernels.
+pub fn min_ring_bytes() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(page).unwrap_or(4096).max(4096)
+}
+
 /// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header
 /// each).
 const MAX_RING_BYTES: usize = 256 << 20;
@@ -485,8 +503,9 @@ const FLOWS_PER_RECORD: usize = 4;
 /// is counted (`pirated_epoch_records_lost_total`). Its pages count twice in the daemon's
 /// resident memory (the kernel maps them twice, for records that wrap around).
 fn ring_size(flows: usize, layout: Layout) -> u32 {
-    (flows.div_ceil(FLOWS_PER_RECORD) * (layout.record_size() + 8)).clamp(4096, MAX_RING_BYTES).next_power_of_two()
-        as u32
+    (flows.div_ceil(FLOWS_PER_RECORD) * (layout.record_size() + 8))
+        .clamp(min_ring_bytes() as usize, MAX_RING_BYTES)
+        .next_power_of_two() as u32
 }
 
 /// Map `name` of the object (checked present at load), which must be an array.
@@ -526,7 +545,8 @@ mod tests {
         let record = Layout::Compact.record_size() + 8;
         for flows in [1, 100, 65_536, 1 << 20, 4_000_000, 1 << 24] {
             let bytes = ring_size(flows, Layout::Compact) as usize;
-            assert!(bytes.is_power_of_two() && (4096..=MAX_RING_BYTES).contains(&bytes), "{flows}: {bytes}");
+            let least = min_ring_bytes() as usize;
+            assert!(bytes.is_power_of_two() && (least..=MAX_RING_BYTES).contains(&bytes), "{flows}: {bytes}");
             let want = flows.div_ceil(FLOWS_PER_RECORD) * record;
             assert!(bytes >= want.min(MAX_RING_BYTES), "{flows} flows, {bytes} bytes");
         }

@@ -622,12 +622,8 @@ impl FridgeConfig {
         if self.sla.len() > MAX_SLAS || self.sla.iter().any(|d| d.0.is_zero()) {
             return refuse(&["fridge.sla"], format!("fridge.sla: at most {MAX_SLAS} thresholds, each above 0"));
         }
-        let least = crate::datapath::min_ring_bytes();
-        if !self.ring_bytes.is_power_of_two() || !(least..=MAX_FRIDGE_RING).contains(&self.ring_bytes) {
-            return refuse(
-                &["fridge.ring_bytes"],
-                format!("fridge.ring_bytes = {}: must be a power of two, {least}..={MAX_FRIDGE_RING}", self.ring_bytes),
-            );
+        if let Some(why) = crate::datapath::ring_bytes_refusal(self.ring_bytes, MAX_FRIDGE_RING) {
+            return refuse(&["fridge.ring_bytes"], format!("fridge.ring_bytes = {}: {why}", self.ring_bytes));
         }
         Ok(())
     }

@@ -433,8 +433,18 @@ pub enum Of<'a> {
 
 /// Waits up to `timeout` for `child` to exit; kills it (and reaps it) after, an error.
 pub fn exit_within(child: &mut std::process::Child, timeout: Duration) -> Result<std::process::ExitStatus> {
+    exit_within_polling(child, timeout, || {})
+}
+
+/// [`exit_within`], calling `poll` every 10 ms while the child runs (and once it has exited).
+pub fn exit_within_polling(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    mut poll: impl FnMut(),
+) -> Result<std::process::ExitStatus> {
     let deadline = Instant::now() + timeout;
     loop {
+        poll();
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }

@@ -19,12 +19,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use pirate_tests::{
     capture::{Capture, Pcap, PcapFormat, Record, Tcp4, LINKTYPE_ETHERNET, PCAP_HEADER_LEN, RECORD_HEADER_LEN},
     linkem::LinkSpec,
     servers::nginx,
-    testbed::{workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{exit_within_polling, workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
 use serde_json::Value;
 
@@ -202,9 +202,8 @@ fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
         let reaped = reap(&mut child, limit);
         let elapsed = start.elapsed();
         let (fed, stdout, stderr) = (fed.join().unwrap(), out.join().unwrap()?, err.join().unwrap()?);
-        let Some((status, max_rss_kib)) = reaped? else {
-            bail!("pirated replay did not finish within {limit:?}: killed; stderr: {stderr}")
-        };
+        let (status, max_rss_kib) =
+            reaped.with_context(|| format!("pirated replay, killed after {limit:?}; stderr: {stderr}"))?;
         // A replay that stopped reading says why in its status and stderr.
         if let Err(e) = fed {
             ensure!(e.kind() == io::ErrorKind::BrokenPipe, "feeding the capture: {e}");
@@ -213,28 +212,19 @@ fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
     })
 }
 
-/// Waits for `child`, killing it once `limit` has passed: its exit status and peak resident
-/// memory (KiB), or `None` if it had to be killed. The peak is the child's own high-water mark
-/// (VmHWM), read every 10 ms while it runs: wait4's would include the test process's peak, which
-/// posix_spawn lends the child until it execs.
-fn reap(child: &mut Child, limit: Duration) -> Result<Option<(ExitStatus, u64)>> {
-    let (deadline, proc_status) = (Instant::now() + limit, format!("/proc/{}/status", child.id()));
-    let mut peak = 0;
-    loop {
+/// Waits for `child`, killing it once `limit` has passed (an error): its exit status and peak
+/// resident memory (KiB). The peak is the child's own high-water mark (VmHWM), read every 10 ms
+/// while it runs: wait4's would include the test process's peak, which posix_spawn lends the
+/// child until it execs.
+fn reap(child: &mut Child, limit: Duration) -> Result<(ExitStatus, u64)> {
+    let (proc_status, mut peak) = (format!("/proc/{}/status", child.id()), 0);
+    let status = exit_within_polling(child, limit, || {
         let hwm = std::fs::read_to_string(&proc_status).ok().and_then(|status| {
             status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?.trim().parse().ok()
         });
         peak = hwm.unwrap_or(0).max(peak);
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some((status, peak)));
-        }
-        if Instant::now() > deadline {
-            child.kill()?;
-            child.wait()?;
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    })?;
+    Ok((status, peak))
 }
 
 /// The frames a summary says were refused for `reason` (none where it does not name it).

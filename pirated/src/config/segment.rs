@@ -138,14 +138,10 @@ impl SegmentConfig {
                 format!("segment.sample_zeros = {}: must be 0..=32 (a share of 2^-n)", self.sample_zeros),
             );
         }
-        let least = crate::datapath::min_ring_bytes();
-        if !self.cache_ring_bytes.is_power_of_two() || !(least..=MAX_CACHE_RING).contains(&self.cache_ring_bytes) {
+        if let Some(why) = crate::datapath::ring_bytes_refusal(self.cache_ring_bytes, MAX_CACHE_RING) {
             return refuse(
                 &["segment.cache_ring_bytes"],
-                format!(
-                    "segment.cache_ring_bytes = {}: must be a power of two, {least}..={MAX_CACHE_RING}",
-                    self.cache_ring_bytes
-                ),
+                format!("segment.cache_ring_bytes = {}: {why}", self.cache_ring_bytes),
             );
         }
         if !self.enabled() {

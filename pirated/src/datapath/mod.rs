@@ -473,20 +473,28 @@ fn layout_tag(config: &Config) -> String {
 
 /// The longest path pirated makes under `pin_root` for `config` (or for its downstream point,
 /// with `segment.role = "both"`): the layout marker in the instance's directory, whose name
-/// (`layout-` and the tag, `pins::MARKER_PREFIX`) is longer than any map's (at most 15 bytes)
+/// (`pins::MARKER_PREFIX` and the tag) is longer than any map's (at most 15 bytes)
 /// or link's (`link-` and an interface name: at most 20). The kernel refuses a path of
 /// `PATH_MAX` bytes or more.
 pub(crate) fn longest_pin_path(config: &Config) -> usize {
-    let marker = |c: &Config| c.pin_root.len() + 1 + c.instance.len() + 1 + "layout-".len() + layout_tag(c).len();
+    let marker =
+        |c: &Config| c.pin_root.len() + 1 + c.instance.len() + 1 + pins::MARKER_PREFIX.len() + layout_tag(c).len();
     config.downstream_point().map_or(0, |down| marker(&down)).max(marker(config))
 }
 
 /// The smallest ring buffer the kernel makes: a page (a ring's size must be a power of two and a
 /// whole number of pages). 4096 bytes on x86-64; 16 or 64 KiB on some arm64 kernels.
-pub fn min_ring_bytes() -> u32 {
+fn min_ring_bytes() -> u32 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u32::try_from(page).unwrap_or(4096).max(4096)
+}
+
+/// Why `bytes` is no size for a ring buffer of at most `most` bytes (a configured one), if not.
+pub fn ring_bytes_refusal(bytes: u32, most: u32) -> Option<String> {
+    let least = min_ring_bytes();
+    (!bytes.is_power_of_two() || !(least..=most).contains(&bytes))
+        .then(|| format!("must be a power of two, {least}..={most}"))
 }
 
 /// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header

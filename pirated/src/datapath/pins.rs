@@ -14,7 +14,7 @@ use tracing::info;
 
 pub const LOCK_DIR: &str = "/run/pirated";
 
-const MARKER_PREFIX: &str = "layout-";
+pub(crate) const MARKER_PREFIX: &str = "layout-";
 const LINK_PREFIX: &str = "link-";
 
 /// A locked pin directory.

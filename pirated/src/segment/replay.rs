@@ -179,10 +179,10 @@ impl Point {
         self.banks.cache.keep_from(interval);
     }
 
-    /// The capture's `"type": "capture"` line.
-    fn finish(mut self, point: &str) -> (serde_json::Value, Tally) {
+    /// What was read of the capture, once done.
+    fn finish(mut self) -> Tally {
         self.tally.finish(self.reader);
-        (self.tally.json(serde_json::json!({ "point": point })), self.tally)
+        self.tally
     }
 }
 
@@ -214,8 +214,8 @@ pub fn run(
         // D's packets of the interval after too: those sent in this one and late.
         d.advance(interval + 1);
         let started = Instant::now();
-        let up_record = u.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
-        let mut down_record = d.records.get(&interval).cloned().unwrap_or_else(|| empty(&shape, interval));
+        let up_record = u.records.remove(&interval).unwrap_or_else(|| empty(&shape, interval));
+        let mut down_record = d.records.remove(&interval).unwrap_or_else(|| empty(&shape, interval));
         down_record.measured = d.current.is_some_and(|c| interval <= c);
         let found = Found { up: |id| u.banks.cache.get(interval, id), down: &d.banks.cache, interval };
         let mut report = reconcile(&shape, Some(up_record), down_record, &found);
@@ -229,10 +229,9 @@ pub fn run(
         next = [u.next_after(interval), d.next_after(interval)].into_iter().flatten().min();
         next = next.filter(|&n| !u.ended || u.current.is_some_and(|last| n <= last));
     }
-    let (up_line, up_tally) = u.finish("up");
-    let (down_line, down_tally) = d.finish("down");
-    for line in [up_line, down_line] {
-        serde_json::to_writer(&mut *out, &line)?;
+    let (up_tally, down_tally) = (u.finish(), d.finish());
+    for (point, tally) in [("up", &up_tally), ("down", &down_tally)] {
+        serde_json::to_writer(&mut *out, &tally.json(serde_json::json!({ "point": point })))?;
         out.write_all(b"\n")?;
     }
     eprintln!(

@@ -18,8 +18,8 @@ use pcap_parser::{
     Block, InterfaceDescriptionBlock, Linktype, OptionCode, PcapBlockOwned, PcapError,
 };
 
-/// The reader's buffer to start with, and the largest block it grows to hold (a record longer
-/// than that is a corrupt length, not a frame).
+/// The reader's buffer to start with, and the largest it grows to, to hold one block (a record
+/// longer than that is a corrupt length, not a frame).
 const BUFFER: usize = 1 << 18;
 const MAX_BLOCK: usize = 1 << 26;
 /// A record whose timestamp lies further than this from both its neighbours' is corrupt.
@@ -45,10 +45,6 @@ impl Refused {
         for (reason, n) in other.0 {
             *self.0.entry(reason).or_default() += n;
         }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.0.values().sum()
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -131,7 +127,7 @@ enum Link {
     Cooked1,
     /// Linux cooked capture v2: 20 bytes, the protocol in the first two.
     Cooked2,
-    /// An IP packet with no link header; `version` fixed by the link type, or read from it.
+    /// An IP packet with no link header (raw, IPv4 or IPv6): its version nibble tells which.
     Raw,
     Unsupported,
 }
@@ -206,6 +202,8 @@ impl Interface {
 /// neighbours (a corrupt record) is left out and counted as `timestamp`.
 pub struct CaptureReader {
     reader: Box<dyn PcapReaderIterator + Send>,
+    /// The reader's buffer size.
+    capacity: usize,
     path: PathBuf,
     interfaces: Vec<Interface>,
     /// The last record's timestamp (pcapng's simple packets carry none).
@@ -246,6 +244,7 @@ impl CaptureReader {
         })?;
         Ok(CaptureReader {
             reader,
+            capacity: BUFFER,
             path: path.to_owned(),
             interfaces: Vec::new(),
             last_record_ns: 0,
@@ -321,7 +320,7 @@ impl CaptureReader {
                         }
                         PcapBlockOwned::Legacy(b) => {
                             let units = u64::from(b.ts_sec) * self.interfaces[0].resolution + u64::from(b.ts_usec);
-                            Some((0, units, b.data))
+                            Some((0, Some(units), b.data))
                         }
                         PcapBlockOwned::NG(Block::SectionHeader(_)) => {
                             self.interfaces.clear();
@@ -333,18 +332,16 @@ impl CaptureReader {
                         }
                         PcapBlockOwned::NG(Block::EnhancedPacket(epb)) => {
                             let units = (u64::from(epb.ts_high) << 32) | u64::from(epb.ts_low);
-                            Some((epb.if_id as usize, units, epb.packet_data()))
+                            Some((epb.if_id as usize, Some(units), epb.packet_data()))
                         }
-                        // No timestamp: the last record's.
-                        PcapBlockOwned::NG(Block::SimplePacket(spb)) => Some((usize::MAX, 0, spb.packet_data())),
+                        // Interface 0, and no timestamp: the last record's.
+                        PcapBlockOwned::NG(Block::SimplePacket(spb)) => Some((0, None, spb.packet_data())),
                         PcapBlockOwned::NG(_) => None,
                     };
                     let frame = frame.map(|(interface, units, data)| {
                         self.records += 1;
-                        let Some(i) = self.interfaces.get(if interface == usize::MAX { 0 } else { interface }) else {
-                            return Err("interface");
-                        };
-                        let ts = if interface == usize::MAX { self.last_record_ns } else { i.ns(units) };
+                        let i = self.interfaces.get(interface).ok_or("interface")?;
+                        let ts = units.map_or(self.last_record_ns, |u| i.ns(u));
                         self.last_record_ns = ts;
                         i.link.ethernet(data, out).map(|()| ts)
                     });
@@ -356,8 +353,8 @@ impl CaptureReader {
                     continue;
                 }
                 Err(PcapError::BufferTooSmall) => {
-                    let size = self.reader.data().len().max(BUFFER) * 2;
-                    if size > MAX_BLOCK || !self.reader.grow(size) {
+                    self.capacity *= 2;
+                    if self.capacity > MAX_BLOCK || !self.reader.grow(self.capacity) {
                         bail!(
                             "{}: a block of over {} MiB after {} records: a corrupt length",
                             self.path.display(),

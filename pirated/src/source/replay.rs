@@ -1,5 +1,5 @@
 //! The replay source: the datapath's own per-packet code (`pirate_common`'s parser,
-//! `pirate::tracker::step` and the fridges' step) run over a pcap capture, cut into epochs as
+//! `pirate::tracker::step` and the fridges' step) run over a capture, cut into epochs as
 //! the daemon cuts them.
 //! Needs no privileges.
 

@@ -187,6 +187,10 @@ pub struct PirateConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     pub listen: SocketAddr,
+    /// Servers with per-server series at once; a new server past it is refused (and counted).
+    pub max_servers: u32,
+    /// Epochs without a figure after which a server's series are removed.
+    pub idle_epochs: u32,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
@@ -288,7 +292,7 @@ impl Default for PirateConfig {
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9464)) }
+        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9464)), max_servers: 10_000, idle_epochs: 300 }
     }
 }
 
@@ -359,6 +363,16 @@ impl Config {
         }
         if self.max_flows == 0 || self.max_flows > 1 << 24 {
             return refuse(&["max_flows"], format!("max_flows = {}: must be 1..=16777216", self.max_flows));
+        }
+        let m = &self.metrics;
+        if m.max_servers == 0 || m.max_servers > 1 << 24 {
+            return refuse(
+                &["metrics.max_servers"],
+                format!("metrics.max_servers = {}: must be 1..=16777216", m.max_servers),
+            );
+        }
+        if m.idle_epochs == 0 {
+            return refuse(&["metrics.idle_epochs"], "metrics.idle_epochs = 0: must be at least 1".to_string());
         }
         let (first_delta, which) = match p.delta {
             AutoOr::Fixed(delta) => (delta, ""),
@@ -1072,6 +1086,9 @@ mod tests {
             // (what both have, the largest accepted, the smallest refused, the error's start)
             ("", "max_flows = 16777216", "max_flows = 16777217", "line 1: max_flows = 16777217: must be 1..=16777216"),
             ("", "max_flows = 1", "max_flows = 0", "line 1: max_flows = 0: must be 1..=16777216"),
+            ("[metrics]\n", "max_servers = 16777216", "max_servers = 16777217", "line 2: metrics.max_servers = 16777217: must be 1..=16777216"),
+            ("[metrics]\n", "max_servers = 1", "max_servers = 0", "line 2: metrics.max_servers = 0: must be 1..=16777216"),
+            ("[metrics]\n", "idle_epochs = 1", "idle_epochs = 0", "line 2: metrics.idle_epochs = 0: must be at least 1"),
             ("", "epoch = \"60s\"", "epoch = \"60000000001ns\"", "line 1: epoch = 60000000001ns: must be between 10ms and 60s"),
             ("", "epoch = \"10ms\"", "epoch = \"9999999ns\"", "line 1: epoch = 9999999ns: must be between"),
             ("[pirate]\n", "modes = 12", "modes = 13", "line 2: pirate.modes = 13: must be 1..=12"),

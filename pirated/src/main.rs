@@ -203,7 +203,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let metrics = Arc::new(Mutex::new(metrics::Metrics::new()));
+        let metrics = Arc::new(Mutex::new(metrics::Metrics::new(&config.metrics)));
         // Bind before attaching so a busy port fails fast, with nothing to undo.
         let listener = tokio::net::TcpListener::bind(config.metrics.listen)
             .await

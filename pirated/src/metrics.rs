@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 use pirate_common::counters;
 
 use crate::{
+    config::MetricsConfig,
     fridge::{self, report::FridgeReport},
     lb::{self, balancer::LbEpoch},
     pirate::{self, report::EpochReport},
@@ -55,16 +56,10 @@ pub struct Metrics {
     last_kernel: [u64; counters::COUNT as usize],
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub fn new(config: &MetricsConfig) -> Metrics {
         let mut registry = Registry::with_prefix("pirated");
-        let pirate = pirate::metrics::Metrics::register(&mut registry);
+        let pirate = pirate::metrics::Metrics::register(&mut registry, config);
         let fridge = fridge::metrics::Metrics::register(&mut registry);
         let lb = lb::metrics::Metrics::register(&mut registry);
         let segment = segment::metrics::Metrics::register(&mut registry);

@@ -347,6 +347,8 @@ fn run_refuses_what_check_refuses_with_the_same_message() -> Result<()> {
     #[rustfmt::skip]
     let cases: Vec<(&str, String, String)> = vec![
         ("max-flows", "max_flows = 16777217".into(), "line 4: max_flows = 16777217: must be 1..=16777216".into()),
+        ("max-servers", "[metrics]\nmax_servers = 0".into(), "line 5: metrics.max_servers = 0: must be 1..=16777216".into()),
+        ("idle-epochs", "[metrics]\nidle_epochs = 0".into(), "line 5: metrics.idle_epochs = 0: must be at least 1".into()),
         ("epoch-long", "epoch = \"60000000001ns\"".into(), "line 4: epoch = 60000000001ns: must be between 10ms and 60s".into()),
         ("epoch-short", "epoch = \"9999999ns\"".into(), "line 4: epoch = 9999999ns: must be between 10ms and 60s".into()),
         ("modes", "[pirate]\nmodes = 13".into(), "line 5: pirate.modes = 13: must be 1..=12".into()),

@@ -1,7 +1,9 @@
 //! `pirate`'s Prometheus families: per-server latency, its quantiles and bounds, per-flow
-//! estimates, and the flow table.
+//! estimates, and the flow table. Per-server series are bounded: at most `max_servers` servers
+//! hold them at once, and a server's are removed after `idle_epochs` epochs without a figure, so
+//! servers passing by for days cost no more memory than those of the last `idle_epochs` epochs.
 
-use std::sync::atomic::AtomicU64;
+use std::{collections::HashMap, net::SocketAddr, sync::atomic::AtomicU64};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -11,8 +13,8 @@ use prometheus_client::{
 
 use pirate_common::counters;
 
-use super::report::EpochReport;
-use crate::{histogram::BatchHistogram, source::Kernel};
+use super::{estimate::servers::ServerEstimate, report::EpochReport};
+use crate::{config::MetricsConfig, histogram::BatchHistogram, source::Kernel};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
@@ -39,6 +41,10 @@ pub struct Metrics {
     server_flows: Family<ServerLabel, Gauge>,
     server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
     server_batches: Family<ServerLabel, Counter>,
+    series: Series,
+    series_held: Gauge,
+    series_expired: Counter,
+    series_refused: Counter,
     flow_latency: BatchHistogram,
     flows_tracked: Gauge,
     flows_active: Gauge,
@@ -48,8 +54,17 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry) -> Metrics {
+    pub fn register(registry: &mut Registry, config: &MetricsConfig) -> Metrics {
         let m = Metrics {
+            series: Series {
+                last: HashMap::new(),
+                epoch: 0,
+                max: config.max_servers as usize,
+                idle: config.idle_epochs as u64,
+            },
+            series_held: Gauge::default(),
+            series_expired: Counter::default(),
+            series_refused: Counter::default(),
             server_latency: Family::default(),
             server_quantile: Family::default(),
             server_quantile_bound: Family::default(),
@@ -95,6 +110,21 @@ impl Metrics {
             m.server_batches.clone(),
         );
         registry.register(
+            "server_series",
+            "Servers holding per-server series now (at most metrics.max_servers)",
+            m.series_held.clone(),
+        );
+        registry.register(
+            "server_series_expired",
+            "Servers whose series were removed after metrics.idle_epochs epochs without a figure",
+            m.series_expired.clone(),
+        );
+        registry.register(
+            "server_series_refused",
+            "Per-server figures left out of the series (each server, each epoch) because metrics.max_servers servers held series; the JSON lines still carry them",
+            m.series_refused.clone(),
+        );
+        registry.register(
             "flow_response_latency_seconds",
             "Per-flow, per-epoch response latency estimates",
             m.flow_latency.clone(),
@@ -122,11 +152,51 @@ impl Metrics {
     /// Publishes one epoch: per-server gauges are replaced, counters advance (`delta`: the
     /// kernel's counters since the last epoch).
     pub fn publish(&mut self, report: &EpochReport, kernel: &Kernel, delta: &[u64; counters::COUNT as usize]) {
+        self.publish_servers(report.servers());
+        self.flow_latency.observe_all(&report.estimates, |e| Some(e.of(report.estimator)?.estimate_ns / 1e9));
+        self.flows_tracked.set(kernel.tracked as i64);
+        // pirated never deletes entries: every flow inserted and no longer in the table was
+        // evicted. The counters are read before the table (`source::live`), so this never runs ahead.
+        let evicted = kernel.counters[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(kernel.tracked as u64);
+        self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
+        self.flows_active.set(report.flows.len() as i64);
+        self.records_lost.inc_by(delta[counters::EVENT_RECORD_LOST as usize]);
+        self.gaps_discarded.inc_by(report.discarded());
+    }
+
+    /// One epoch's per-server figures: gauges replaced, counters advanced, and the series of
+    /// servers idle for `idle_epochs` removed before new servers are admitted (up to `max`).
+    pub fn publish_servers(&mut self, servers: &[ServerEstimate]) {
         self.server_latency.clear();
         self.server_quantile.clear();
         self.server_quantile_bound.clear();
         self.server_flows.clear();
-        for s in report.servers() {
+        let series = &mut self.series;
+        series.epoch += 1;
+        for s in servers {
+            if let Some(seen) = series.last.get_mut(&s.server) {
+                *seen = series.epoch;
+            }
+        }
+        let (epoch, idle) = (series.epoch, series.idle);
+        series.last.retain(|server, seen| {
+            let keep = epoch - *seen < idle;
+            if !keep {
+                let label = ServerLabel { server: server.to_string() };
+                self.server_seconds.remove(&label);
+                self.server_batches.remove(&label);
+                self.series_expired.inc();
+            }
+            keep
+        });
+        for s in servers {
+            if !series.last.contains_key(&s.server) {
+                if series.last.len() >= series.max {
+                    self.series_refused.inc();
+                    continue;
+                }
+                series.last.insert(s.server, epoch);
+            }
             let label = ServerLabel { server: s.server.to_string() };
             for q in &s.quantiles {
                 let (server, quantile) = (label.server.clone(), q.q.to_string());
@@ -140,14 +210,14 @@ impl Metrics {
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
             self.server_batches.get_or_create(&label).inc_by(s.batches);
         }
-        self.flow_latency.observe_all(&report.estimates, |e| Some(e.of(report.estimator)?.estimate_ns / 1e9));
-        self.flows_tracked.set(kernel.tracked as i64);
-        // pirated never deletes entries: every flow inserted and no longer in the table was
-        // evicted. The counters are read before the table (`source::live`), so this never runs ahead.
-        let evicted = kernel.counters[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(kernel.tracked as u64);
-        self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
-        self.flows_active.set(report.flows.len() as i64);
-        self.records_lost.inc_by(delta[counters::EVENT_RECORD_LOST as usize]);
-        self.gaps_discarded.inc_by(report.discarded());
+        self.series_held.set(series.last.len() as i64);
     }
+}
+
+/// The servers holding series, each with the last epoch it had a figure (epochs counted here).
+struct Series {
+    last: HashMap<SocketAddr, u64>,
+    epoch: u64,
+    max: usize,
+    idle: u64,
 }

@@ -155,7 +155,7 @@ fn main() -> Result<()> {
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
         // each epoch filling the last one's vectors, sized at start for the table it finds.
-        let (pipeline, mut metrics) = (Pipeline::new(&config, false), Metrics::new());
+        let (pipeline, mut metrics) = (Pipeline::new(&config, false), Metrics::new(&config.metrics));
         let started = Instant::now();
         let tracked = records.tracked(&dp);
         let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));

@@ -16,6 +16,7 @@ APT_PACKAGES=(
     bpftool iproute2 ethtool iptables tcpdump wireshark-common
     iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
     nghttp2-client unbound dnsutils dnsperf
+    prometheus systemd libcap2-bin util-linux
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

@@ -196,7 +196,11 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<std::sync::Mutex<Metri
             let (status, ctype, body) =
                 if head.starts_with("GET ") && (target == "/metrics" || target.starts_with("/metrics?")) {
                     let body = metrics.lock().unwrap().encode();
-                    ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", body)
+                    if accepts_openmetrics(&head) {
+                        ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", body)
+                    } else {
+                        ("200 OK", "text/plain; version=0.0.4; charset=utf-8", prometheus_text(&body))
+                    }
                 } else {
                     ("404 Not Found", "text/plain; charset=utf-8", "try GET /metrics\n".to_string())
                 };
@@ -208,5 +212,72 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<std::sync::Mutex<Metri
                 warn!(%peer, "metrics response: {e}");
             }
         });
+    }
+}
+
+/// Whether a request's `Accept` header offers OpenMetrics (as Prometheus's scrapes do).
+fn accepts_openmetrics(head: &str) -> bool {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .any(|(name, value)| name.eq_ignore_ascii_case("accept") && value.contains("application/openmetrics-text"))
+}
+
+/// An OpenMetrics exposition in Prometheus's text format 0.0.4, for clients that did not ask for
+/// OpenMetrics (curl, `promtool check metrics`, older scrapers): a counter family's HELP and TYPE
+/// name its `_total` samples, an unknown type is untyped, and there is no `# UNIT` or `# EOF`.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        let mut words = line.splitn(4, ' ');
+        let (hash, kind, name, rest) = (words.next(), words.next(), words.next(), words.next().unwrap_or(""));
+        match (hash, kind, name) {
+            (Some("#"), Some("TYPE"), Some(name)) if rest == "counter" => {
+                out.push_str(&format!("# TYPE {name}_total counter\n"))
+            }
+            (Some("#"), Some("TYPE"), Some(name)) if rest == "unknown" => {
+                out.push_str(&format!("# TYPE {name} untyped\n"))
+            }
+            (Some("#"), Some("HELP"), Some(name)) if counters.contains(name) => {
+                out.push_str(&format!("# HELP {name}_total {rest}\n"))
+            }
+            (Some("#"), Some("UNIT" | "EOF"), _) => {}
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_classic_text_names_counters_by_their_samples() {
+        let mut registry = Registry::with_prefix("pirated");
+        let (counter, gauge) = (Counter::<u64>::default(), Gauge::<i64>::default());
+        registry.register("requests", "Requests \"offered\"", counter.clone());
+        registry.register("held", "Held now", gauge.clone());
+        counter.inc_by(3);
+        gauge.set(2);
+        let mut openmetrics = String::new();
+        encode(&mut openmetrics, &registry).unwrap();
+        assert_eq!(
+            prometheus_text(&openmetrics),
+            "# HELP pirated_requests_total Requests \"offered\".\n# TYPE pirated_requests_total counter\n\
+             pirated_requests_total 3\n# HELP pirated_held Held now.\n# TYPE pirated_held gauge\npirated_held 2\n"
+        );
+    }
+
+    #[test]
+    fn openmetrics_goes_to_those_who_ask_for_it() {
+        let prometheus = "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n";
+        assert!(accepts_openmetrics(prometheus));
+        assert!(!accepts_openmetrics("GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"));
+        assert!(!accepts_openmetrics("GET /metrics HTTP/1.1\r\nUser-Agent: application/openmetrics-text\r\n"));
     }
 }

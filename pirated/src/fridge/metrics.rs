@@ -23,7 +23,8 @@ struct ClassLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuantileLabel {
     class: &'static str,
-    quantile: String,
+    /// Not `quantile`, which Prometheus keeps for summaries.
+    q: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,7 +129,7 @@ impl Metrics {
             let class = NAMES[c.class as usize];
             let label = ClassLabel { class };
             for (q, ns) in QUANTILES.iter().zip(c.quantiles_ns.iter().flatten()) {
-                self.quantile.get_or_create(&QuantileLabel { class, quantile: q.to_string() }).set(ns * 1e-9);
+                self.quantile.get_or_create(&QuantileLabel { class, q: q.to_string() }).set(ns * 1e-9);
             }
             for (t, share) in report.sla_s.iter().zip(&c.above_sla) {
                 self.above_sla.get_or_create(&SlaLabel { class, sla_seconds: t.to_string() }).set(*share);

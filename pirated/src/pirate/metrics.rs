@@ -21,16 +21,18 @@ struct ServerLabel {
     server: String,
 }
 
+/// `q`, not `quantile`: Prometheus keeps that label for summaries (`promtool check metrics`),
+/// and these are gauges, per epoch.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuantileLabel {
     server: String,
-    quantile: String,
+    q: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BoundLabel {
     server: String,
-    quantile: String,
+    q: String,
     bound: &'static str,
 }
 
@@ -200,10 +202,10 @@ impl Metrics {
             let label = ServerLabel { server: s.server.to_string() };
             for q in &s.quantiles {
                 let (server, quantile) = (label.server.clone(), q.q.to_string());
-                let bound = |bound| BoundLabel { server: server.clone(), quantile: quantile.clone(), bound };
+                let bound = |bound| BoundLabel { server: server.clone(), q: quantile.clone(), bound };
                 self.server_quantile_bound.get_or_create(&bound("lower")).set(q.lower_ns / 1e9);
                 self.server_quantile_bound.get_or_create(&bound("upper")).set(q.upper_ns / 1e9);
-                self.server_quantile.get_or_create(&QuantileLabel { server, quantile }).set(q.estimate_ns / 1e9);
+                self.server_quantile.get_or_create(&QuantileLabel { server, q: quantile }).set(q.estimate_ns / 1e9);
             }
             self.server_latency.get_or_create(&label).set(s.estimate_ns / 1e9);
             self.server_flows.get_or_create(&label).set(s.flows as i64);

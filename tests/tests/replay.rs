@@ -274,6 +274,28 @@ fn relinked(pcap: &Pcap, link_type: u32, header: fn(&Record) -> Vec<u8>) -> Pcap
     pcap.map(link_type, |r| Some(r.reframed(ETH_HEADER_LEN, &header(r))))
 }
 
+/// The IPv4 capture's packets as IPv6 (fd00::<IPv4 address>, transport unchanged), with
+/// `options` a hop-by-hop and a destination options header (8 bytes each, padding only) before
+/// the transport header.
+fn as_ipv6(pcap: &Pcap, options: bool) -> Pcap {
+    pcap.map(pcap.link_type, |r| {
+        let d = &r.data;
+        let ihl = usize::from(d[ETH_HEADER_LEN] & 0x0f) * 4;
+        let (total, proto) = (usize::from(u16::from_be_bytes([d[16], d[17]])), d[23]);
+        let address = |at: usize| [&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..], &d[at..at + 4]].concat();
+        let pad_n = [1, 4, 0, 0, 0, 0];
+        let ext = match options {
+            true => [&[60, 0][..], &pad_n, &[proto, 0], &pad_n].concat(),
+            false => Vec::new(),
+        };
+        let next = if options { 0 } else { proto };
+        let length = ((total - ihl + ext.len()) as u16).to_be_bytes();
+        let head = [&d[..ETH_MACS_LEN], &[0x86, 0xdd, 0x60, 0, 0, 0], &length, &[next, 64]].concat();
+        let head = [head, address(26), address(30), ext].concat();
+        Some(r.reframed(ETH_HEADER_LEN + ihl, &head))
+    })
+}
+
 /// A Linux cooked (v1) header for an Ethernet record: sent to us, from its source MAC, of its
 /// ethertype.
 fn cooked_v1(r: &Record) -> Vec<u8> {
@@ -379,11 +401,13 @@ fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
     let stdin = replay(Input::Stdin(Box::new(|w| w.write_all(&live.pcap))), CONFIG, QUICK)?;
     check("standard input", &reference, stdin)?;
     // Forms the capture cannot take unchanged, each against the Ethernet capture of the same
-    // records: a raw-IP capture holds IP packets only (this one lacks the ARP frames), µs
-    // timestamps are whole µs.
+    // records: IPv6 with a hop-by-hop and a destination options header against plain IPv6, a
+    // raw-IP capture holds IP packets only (this one lacks the ARP frames), µs timestamps are
+    // whole µs.
     let ip = pcap.map(pcap.link_type, |r| matches!(r.ethertype(), 0x0800 | 0x86dd).then(|| r.clone()));
     let whole_us = pcap.map(pcap.link_type, |r| Some(Record { ts_ns: r.ts_ns / 1000 * 1000, ..r.clone() }));
     let pairs = [
+        ("IPv6 extension headers", as_ipv6(&ip, false), as_ipv6(&ip, true)),
         ("raw IP", ip.clone(), relinked(&ip, LINKTYPE_RAW, |_| Vec::new())),
         ("µs timestamps", whole_us.clone(), Pcap { format: PcapFormat { nanos: false, ..pcap.format }, ..whole_us }),
     ];
@@ -391,6 +415,7 @@ fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
         let (ethernet, variant) =
             (TempFile::with("pcap", &ethernet.to_bytes()?)?, TempFile::with("pcap", &variant.to_bytes()?)?);
         let reference = replay(Input::File(&ethernet.0), CONFIG, QUICK)?.succeeded()?;
+        ensure!(reference.lines()?.iter().any(|v| v["type"] == "flow"), "{name}: the reference replays to no flow");
         check(name, &reference, replay(Input::File(&variant.0), CONFIG, QUICK)?)?;
     }
     assert!(failures.is_empty(), "replay differs from the classic pcap's:\n{}", failures.join("\n"));

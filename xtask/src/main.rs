@@ -1,13 +1,14 @@
-//! Project tasks: `cargo xtask demo | test | bench …`. Each runs real cargo/tool commands and
-//! fails loudly; the set-up of the machine itself is scripts/setup.sh.
+//! Project tasks: `cargo xtask demo | test | fuzz | install | bench …`. Each runs real cargo/tool
+//! commands and fails loudly; the set-up of the machine itself is scripts/setup.sh.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use xtask::{
+    install::{self, Layout},
+    root, run,
+};
 
 #[derive(Parser)]
 #[command(about = "pirated's project tasks")]
@@ -37,6 +38,20 @@ enum Task {
         seconds: u32,
         /// Targets (default: all).
         targets: Vec<String>,
+    },
+    /// Builds pirated in release mode and installs it as a systemd service (configs/pirated.service):
+    /// the `pirated` system user, the binary, a configuration (only if there is none) and the
+    /// unit; checks them (`pirated check`, `systemd-analyze verify`) and has systemd reload its
+    /// units where it runs. Run again, it replaces the binary and the unit and keeps the rest.
+    /// Needs root.
+    Install {
+        /// The binary goes to <prefix>/bin/pirated.
+        #[arg(long, default_value = install::DEFAULT_PREFIX)]
+        prefix: PathBuf,
+        /// The configuration goes to <sysconfdir>/pirated/pirated.toml, the unit to
+        /// <sysconfdir>/systemd/system/pirated.service (elsewhere than /etc: staged for a look).
+        #[arg(long, default_value = install::DEFAULT_SYSCONFDIR)]
+        sysconfdir: PathBuf,
     },
     /// Benchmarks, printed side by side with their baselines.
     Bench {
@@ -100,19 +115,6 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: {cmd:?}");
-    let status = cmd.current_dir(root()).status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed with {status}");
-    }
-    Ok(())
 }
 
 fn cargo(args: &[&str]) -> Command {
@@ -184,6 +186,14 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Fuzz { seconds, targets } => fuzz(&targets, seconds),
+        Task::Install { prefix, sysconfdir } => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                bail!("installing needs root: it creates the pirated user and writes {}", sysconfdir.display());
+            }
+            run(&mut cargo(&["build", "--release", "--package", "pirated"]))?;
+            install::install(&Layout { prefix, sysconfdir }, &root().join("target/release/pirated"))
+        }
         Task::Bench { which: Bench::Datapath { args } } => bench("pirate-bench", &[], &args),
         Task::Bench { which: Bench::Epoch { args } } => bench("pirate-epoch-bench", &[], &args),
         Task::Bench { which: Bench::Fridge { args } } => bench("pirate-fridge-bench", &[], &args),

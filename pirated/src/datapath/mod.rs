@@ -447,13 +447,39 @@ fn occupied(e: &anyhow::Error) -> bool {
         .any(|errno| errno == libc::EBUSY || errno == libc::EEXIST)
 }
 
+/// A program's load failure, saying what to do: the privileges, where the kernel refused them
+/// (EPERM: an XDP program takes CAP_NET_ADMIN; EACCES without CAP_PERFMON: the verifier forbids
+/// the chain's pointer arithmetic), else the verifier's log.
 fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
     match e {
+        ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
+            anyhow!("loading the XDP program {name} was refused (EPERM): {NEEDS_ROOT}")
+        }
         ProgramError::LoadError { io_error, verifier_log } => {
-            anyhow!("the kernel verifier rejected the XDP program {name} ({io_error}). Verifier log:\n{verifier_log}")
+            let hint = if io_error.raw_os_error() == Some(libc::EACCES) && !has_capability(CAP_PERFMON) {
+                format!(": without CAP_PERFMON it forbids pointer arithmetic the chain does ({NEEDS_ROOT})")
+            } else {
+                String::new()
+            };
+            anyhow!(
+                "the kernel verifier rejected the XDP program {name} ({io_error}){hint}. Verifier log:\n{verifier_log}"
+            )
         }
         e => anyhow!(e).context(format!("loading the XDP program {name}")),
     }
+}
+
+/// CAP_PERFMON's number (Linux 5.8 on).
+const CAP_PERFMON: u32 = 38;
+
+/// Whether this process holds capability `cap` (effective, as /proc/self/status says); assumed
+/// held where that cannot be read.
+fn has_capability(cap: u32) -> bool {
+    let effective = fs::read_to_string("/proc/self/status").ok().and_then(|status| {
+        let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+        u64::from_str_radix(hex.trim(), 16).ok()
+    });
+    effective.is_none_or(|caps| caps & (1 << cap) != 0)
 }
 
 /// The layout `config` asks of the pinned maps, as the pin directory's marker names it: maps

@@ -157,7 +157,11 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
     // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
     let rc = unsafe { libc::mount(fstype.as_ptr(), path.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        bail!("/sys/fs/bpf is not a bpffs mount and mounting one failed: {}", std::io::Error::last_os_error());
+        bail!(
+            "/sys/fs/bpf is not a bpffs mount and mounting one failed ({}): mount it as root (`mount -t bpf bpf \
+             /sys/fs/bpf`; systemd does at boot), or run pirated as root",
+            std::io::Error::last_os_error()
+        );
     }
     info!("mounted bpffs on /sys/fs/bpf");
     Ok(())

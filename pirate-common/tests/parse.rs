@@ -26,7 +26,7 @@ const SEQ_NUMBER: u32 = 0x0102_0304;
 
 /// What the parser reports for a TCP segment built here, without FIN.
 fn tcp_info(payload: u16, pure_ack: bool, ack: Option<u32>) -> PacketInfo {
-    PacketInfo { payload, pure_ack, ack, data_end: data_end(payload, 0) }
+    PacketInfo { payload, pure_ack, ack, data_end: data_end(payload, 0), syn: false }
 }
 
 /// The sequence number just past a built segment's data: a FIN takes a number too.
@@ -34,9 +34,14 @@ fn data_end(payload: u16, flags: u8) -> u32 {
     SEQ_NUMBER.wrapping_add(payload as u32 + (flags & FIN != 0) as u32)
 }
 
+/// Whether a segment with these flags opens a connection (SYN without ACK).
+fn opens(flags: u8) -> bool {
+    flags & SYN != 0 && flags & ACK == 0
+}
+
 /// What the parser reports for a UDP datagram.
 fn udp_info(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0 }
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false }
 }
 const TPID_8021Q: u16 = 0x8100;
 const TPID_8021AD: u16 = 0x88a8;
@@ -280,6 +285,7 @@ impl Pkt {
         match self.l4 {
             L4::Tcp { flags, .. } => PacketInfo {
                 data_end: data_end(self.payload as u16, flags),
+                syn: opens(flags),
                 ..tcp_info(
                     self.payload as u16,
                     self.payload == 0 && flags & ACK != 0 && flags & (SYN | FIN | RST) == 0,
@@ -583,6 +589,7 @@ fn pure_ack_detection() {
                 info,
                 PacketInfo {
                     data_end: data_end(payload as u16, flags),
+                    syn: opens(flags),
                     ..tcp_info(payload as u16, pure, (flags & ACK != 0).then_some(ACK_NUMBER))
                 },
                 "flags {flags:#04x}, payload {payload}"
@@ -591,7 +598,7 @@ fn pure_ack_detection() {
     }
     // SYN with an MSS option: still not pure (and the option is not payload).
     let pkt = Pkt::tcp4(SYN, 0).tcp_options(&[2, 4, 0x05, 0xb4]);
-    assert_eq!(parse_bytes(&pkt.build().bytes).unwrap().1, tcp_info(0, false, None));
+    assert_eq!(parse_bytes(&pkt.build().bytes).unwrap().1, PacketInfo { syn: true, ..tcp_info(0, false, None) });
     // UDP is never a pure ACK, even empty.
     assert_eq!(parse_bytes(&Pkt::udp4(0).build().bytes).unwrap().1, udp_info(0));
 }

@@ -53,10 +53,10 @@ fn params(flags: u32) -> Params {
 }
 
 fn data(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0 }
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false }
 }
 
-const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None, data_end: 0 };
+const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None, data_end: 0, syn: false };
 
 /// An Alg. 1 sample as the sample sum holds it: rounded to 2^SUM_SHIFT ns.
 fn rounded(g: u64) -> u64 {
@@ -242,7 +242,7 @@ fn pure_acks_are_skipped_only_with_the_flag() {
 
 /// A TCP segment with `payload` bytes of data ending at sequence number `end`.
 fn segment(payload: u16, end: u32) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: Some(1), data_end: end }
+    PacketInfo { payload, pure_ack: false, ack: Some(1), data_end: end, syn: false }
 }
 
 #[test]
@@ -534,7 +534,7 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
 
 /// A request with acknowledgement number `ack`.
 fn acked(ack: u32) -> PacketInfo {
-    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack), data_end: 0 }
+    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack), data_end: 0, syn: false }
 }
 
 #[test]
@@ -1019,7 +1019,7 @@ proptest! {
                 ack_now
             });
             seq_now = seq_now.wrapping_add_signed(seq_move);
-            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack, data_end: seq_now };
+            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack, data_end: seq_now, syn: false };
             let step = on_packet(&mut st, t, pkt, &p);
             if pkt.pure_ack && flags & FLAG_SKIP_PURE_ACKS != 0 {
                 prop_assert_eq!(step, Step::SkippedPureAck);
@@ -1117,5 +1117,51 @@ proptest! {
             prop_assert!(hi <= on_grid(MAX_GAP_NS));
             prop_assert!((lo as u64..=hi as u64 + 1).contains(&st.modes.mean_ns(i)));
         }
+    }
+}
+
+/// The client's SYN.
+const SYN: PacketInfo = PacketInfo { payload: 0, pure_ack: false, ack: None, data_end: 0, syn: true };
+
+#[test]
+fn the_handshake_round_trip_is_syn_to_the_clients_ack() {
+    let p = params(BOTH | FLAG_SKIP_RETRANSMISSIONS);
+    let ack = PacketInfo { ack: Some(1), ..PURE_ACK };
+    // SYN, the handshake's pure ACK 5.2 ms later, then requests: measured once, kept.
+    let mut st = St::new(1);
+    feed(&mut st, &p, &[(T0, SYN), (T0 + 5_200 * US, ack), (T0 + 5_300 * US, segment(100, 101))]);
+    assert_eq!(st.handshake_rtt_ns(), on_grid(5_200_000) as u64);
+    feed(&mut st, &p, &[(T0 + 20 * MS, PacketInfo { ack: Some(500), ..segment(100, 201) })]);
+    assert_eq!(st.handshake_rtt_ns(), on_grid(5_200_000) as u64, "later ACKs leave it");
+    // A SYN retransmitted a second later: the round trip runs from the one answered.
+    let mut st = St::new(1);
+    feed(&mut st, &p, &[(T0, SYN), (T0 + 1_000 * MS, SYN), (T0 + 1_003 * MS, ack)]);
+    assert_eq!(st.handshake_rtt_ns(), on_grid(3_000_000) as u64);
+    // A flow met after its handshake has none.
+    let mut st = St::new(1);
+    feed(&mut st, &p, &[(T0, segment(100, 101)), (T0 + 5 * MS, segment(100, 201))]);
+    assert_eq!(st.handshake_rtt_ns(), 0);
+}
+
+#[test]
+fn gaps_across_which_the_ack_advanced_are_counted_whatever_marks_them() {
+    for flags in [BOTH, BOTH | FLAG_MARK_ACKED] {
+        let p = params(flags);
+        let mut st = St::new(1);
+        let a = 7_000;
+        let pkts = [
+            (T0, acked(a)),
+            (T0 + 20 * US, acked(a)),
+            (T0 + 5 * MS, PacketInfo { ack: Some(a + 3_000), ..PURE_ACK }),
+            (T0 + 5 * MS + 30 * US, acked(a + 3_000)),
+            (T0 + 5 * MS + 600 * US, acked(a + 1_000)),
+            (T0 + 11 * MS, acked(a + 6_000)),
+            // An idle period's gap is not counted: it is not in the modes either.
+            (T0 + 2_000 * MS, acked(a + 9_000)),
+        ];
+        feed(&mut st, &p, &pkts);
+        assert_eq!((st.acked_gaps, st.idle_gaps), (2, 1), "flags {flags:#x}");
+        st.start_epoch(2, &p);
+        assert_eq!(st.acked_gaps, 0, "an epoch's count");
     }
 }

@@ -176,6 +176,8 @@ pub struct PirateConfig {
     pub min_break_ratio: f64,
     pub straggler_share: f64,
     pub min_break_time_share: f64,
+    pub round_trip_floor: f64,
+    pub multiplexed_time_share: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub skip_retransmissions: bool,
@@ -281,6 +283,8 @@ impl Default for PirateConfig {
             min_break_ratio: 3.0,
             straggler_share: 0.05,
             min_break_time_share: 0.25,
+            round_trip_floor: 0.8,
+            multiplexed_time_share: 0.75,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             skip_retransmissions: true,
@@ -417,6 +421,13 @@ impl Config {
                 format!("pirate.min_break_time_share = {}: must be in [0, 1]", p.min_break_time_share),
             );
         }
+        for (key, share) in
+            [("round_trip_floor", p.round_trip_floor), ("multiplexed_time_share", p.multiplexed_time_share)]
+        {
+            if !(0.0..=1.0).contains(&share) {
+                return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {share}: must be in [0, 1]"));
+            }
+        }
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             return refuse(
                 &["pirate.intra_batch_max", "pirate.idle_floor"],
@@ -543,6 +554,8 @@ impl Config {
                 },
             },
             acked_marks: p.mark_acked,
+            round_trip_floor: p.round_trip_floor,
+            multiplexed_time_share: p.multiplexed_time_share,
             epsilon: self.params().epsilon(),
         }
     }

@@ -79,10 +79,11 @@ pub fn redis_benchmark(ns: &Netns, host: &str, clients: u32, requests: u32, pipe
     Ok(ClientLatency { mean: mean_ms / 1e3, requests: requests as u64 })
 }
 
-/// `h2load` over HTTP/2 cleartext (prior knowledge) on one connection with `streams` requests
-/// multiplexed on it, for `duration` (whole seconds). Its own mean time for request (request
-/// sent → response complete), from its per-request log: µs resolution, where its summary rounds
-/// to 10 µs above 1 ms.
+/// `h2load` over HTTP/2 on one connection with `streams` requests multiplexed on it, for
+/// `duration` (whole seconds): cleartext with prior knowledge (h2c) for an `http://` URL, TLS
+/// with ALPN `h2` for an `https://` one; a run that spoke anything else is an error. Its own
+/// mean time for request (request sent → response complete), from its per-request log: µs
+/// resolution, where its summary rounds to 10 µs above 1 ms.
 pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result<ClientLatency> {
     let log = std::env::temp_dir().join(format!("pirate-h2load-{}.log", std::process::id()));
     let out = ns.run(&[
@@ -111,7 +112,9 @@ pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result
             (f.get(1) == Some(&"200")).then(|| f.get(2)?.parse::<f64>().ok()).flatten()
         })
         .collect();
-    if failed != "0" || times.is_empty() || !out.contains("Application protocol: h2c") {
+    let protocol = if url.starts_with("https://") { "h2" } else { "h2c" };
+    let spoke = out.lines().any(|l| l.strip_prefix("Application protocol: ") == Some(protocol));
+    if failed != "0" || times.is_empty() || !spoke {
         bail!("h2load: {} requests succeeded, {failed} failed:\n{out}", times.len());
     }
     let mean_us = times.iter().sum::<f64>() / times.len() as f64;

@@ -5,6 +5,7 @@
 pub mod balancing;
 pub mod capture;
 pub mod clients;
+pub mod grpc;
 pub mod katran;
 pub mod katran_server;
 pub mod linkem;

@@ -125,6 +125,12 @@ impl Netns {
         self.ip(&args).map(drop)
     }
 
+    /// Makes `addr` (without prefix length) reachable through `ifname` at `mac` for good, with no
+    /// address resolution.
+    pub fn neighbour(&self, ifname: &str, addr: &str, mac: &str) -> Result<()> {
+        self.ip(&["neigh", "replace", addr, "lladdr", mac, "dev", ifname, "nud", "permanent"]).map(drop)
+    }
+
     /// Adds a route to `dest` (a prefix or `default`) via the gateway `via`.
     pub fn route(&self, dest: &str, via: &str) -> Result<()> {
         self.ip(&["route", "add", dest, "via", via]).map(drop)

@@ -1,5 +1,5 @@
-//! Real servers (nginx, redis, unbound) started inside a testbed namespace with their own configuration
-//! in a temporary directory, stopped on drop.
+//! Real servers (nginx, redis, unbound; gRPC's in [`crate::grpc`]) started inside a testbed
+//! namespace with their own configuration in a temporary directory, stopped on drop.
 
 use std::{
     path::{Path, PathBuf},
@@ -13,8 +13,8 @@ use crate::{netns::Netns, testbed::wait_until};
 
 /// A server process in a namespace; killed (and its directory removed) on drop.
 pub struct Server {
-    child: Child,
-    dir: PathBuf,
+    pub(crate) child: Child,
+    pub(crate) dir: PathBuf,
 }
 
 impl Drop for Server {
@@ -25,7 +25,8 @@ impl Drop for Server {
     }
 }
 
-fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
+/// A fresh directory of the server's own, named after it and its namespace.
+pub(crate) fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("{what}-{}-{}", ns.name(), std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -33,7 +34,7 @@ fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
 }
 
 /// Waits until something listens on TCP `port` inside `ns`.
-fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
+pub(crate) fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
     wait_bound(ns, "-Hltn", port)
 }
 
@@ -52,13 +53,24 @@ pub const WEB_FILES: &[(&str, usize)] =
 /// nginx on port 80 (IPv4 and IPv6), one worker, serving `files` (name, size in bytes) from
 /// its document root over HTTP/1.1; responses are the files' bytes.
 pub fn nginx(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
-    start_nginx(ns, files, false)
+    start_nginx(ns, files, Site::default())
 }
 
 /// [`nginx`] speaking HTTP/2 over cleartext only (h2c with prior knowledge, as `h2load` does
 /// for `http://` URLs): nginx 1.22 cannot offer HTTP/1.1 and h2c on one cleartext port.
 pub fn nginx_h2(ns: &Netns, files: &[(&str, usize)]) -> Result<Server> {
-    start_nginx(ns, files, true)
+    start_nginx(ns, files, Site { speaks: Speaks::H2c, ..Site::default() })
+}
+
+/// nginx speaking HTTP/2, over cleartext on port 80 like [`nginx_h2`] or over TLS on port 443
+/// (a self-signed certificate; ALPN offers `h2`), that passes every request to the HTTP/1.1
+/// server on port `upstream` of the namespace's loopback: a multiplexing front whose responses
+/// take the upstream's service time. Upstream connections are kept alive and opened as requests
+/// arrive, one per request in flight, so concurrent streams are served concurrently by a
+/// server that serves one request per connection at a time ([`think_time_http`]).
+pub fn nginx_h2_proxy(ns: &Netns, tls: bool, upstream: u16) -> Result<Server> {
+    let speaks = if tls { Speaks::H2Tls } else { Speaks::H2c };
+    start_nginx(ns, &[], Site { speaks, upstream: Some(upstream), capacity: None })
 }
 
 /// [`nginx`] with a capacity that can change while it runs: at most so many requests a second
@@ -71,14 +83,14 @@ pub struct Capped {
 
 impl Capped {
     pub fn start(ns: &Netns, files: &[(&str, usize)]) -> Result<Capped> {
-        Ok(Capped { server: start_nginx(ns, files, false)? })
+        Ok(Capped { server: start_nginx(ns, files, Site::default())? })
     }
 
     /// Serves at most `per_second` requests a second from now on (`None`: no limit). nginx
     /// reloads its configuration: requests waiting finish in the old worker, new ones queue in
     /// the new one, both in the one shared count.
     pub fn set_capacity(&self, per_second: Option<u32>) -> Result<()> {
-        write_nginx_conf(&self.server.dir, false, per_second)?;
+        write_nginx_conf(&self.server.dir, Site { capacity: per_second, ..Site::default() })?;
         // SAFETY: signalling our own child, nginx's master process, which reloads on SIGHUP.
         if unsafe { libc::kill(self.server.child.id() as i32, libc::SIGHUP) } != 0 {
             bail!("signalling nginx: {}", std::io::Error::last_os_error());
@@ -87,30 +99,85 @@ impl Capped {
     }
 }
 
-fn start_nginx(ns: &Netns, files: &[(&str, usize)], http2: bool) -> Result<Server> {
+/// How nginx speaks to its clients.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Speaks {
+    /// HTTP/1.1 on port 80.
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext (prior knowledge) on port 80.
+    H2c,
+    /// HTTP/2 over TLS on port 443.
+    H2Tls,
+}
+
+/// One nginx configuration: the protocol, what it serves, how fast.
+#[derive(Clone, Copy, Default)]
+struct Site {
+    speaks: Speaks,
+    /// Pass every request to the HTTP/1.1 server on this loopback port instead of serving `www`.
+    upstream: Option<u16>,
+    /// At most so many requests a second ([`Capped`]).
+    capacity: Option<u32>,
+}
+
+fn start_nginx(ns: &Netns, files: &[(&str, usize)], site: Site) -> Result<Server> {
     let dir = scratch(ns, "nginx")?;
     let root = dir.join("www");
     std::fs::create_dir_all(&root)?;
     for (name, size) in files {
         std::fs::write(root.join(name), vec![b'x'; *size])?;
     }
-    let conf = write_nginx_conf(&dir, http2, None)?;
+    if site.speaks == Speaks::H2Tls {
+        self_signed_certificate(ns, &dir)?;
+    }
+    let conf = write_nginx_conf(&dir, site)?;
     let child = ns
         .command(&["nginx", "-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap(), "-g", "daemon off;"])
         .spawn()
         .context("starting nginx")?;
     let server = Server { child, dir };
-    wait_listening(ns, 80)?;
+    wait_listening(ns, if site.speaks == Speaks::H2Tls { 443 } else { 80 })?;
     Ok(server)
 }
 
-/// Writes `dir/nginx.conf`, serving `dir/www`, at most `capacity` requests a second if given.
-fn write_nginx_conf(dir: &Path, http2: bool, capacity: Option<u32>) -> Result<PathBuf> {
+/// `dir/key.pem` and `dir/cert.pem`: a fresh P-256 key and a certificate for it, signed by
+/// itself (clients of the testbed do not verify it).
+fn self_signed_certificate(ns: &Netns, dir: &Path) -> Result<()> {
+    let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
+    #[rustfmt::skip]
+    ns.run(&["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-days", "2", "-subj", "/CN=pirate-test", "-keyout", key.to_str().unwrap(), "-out", cert.to_str().unwrap()])
+    .context("generating a certificate with openssl")?;
+    Ok(())
+}
+
+/// Writes `dir/nginx.conf` for `site`, serving `dir/www` unless it has an upstream.
+fn write_nginx_conf(dir: &Path, site: Site) -> Result<PathBuf> {
     let conf = dir.join("nginx.conf");
     // The zone (its count of requests) is declared either way, so that it outlives reloads.
-    let (rate, limit) = match capacity {
+    let (rate, limit) = match site.capacity {
         Some(r) => (r.max(1), "limit_req zone=capacity burst=1000000;"),
         None => (1, ""),
+    };
+    let listen = match site.speaks {
+        Speaks::Http1 => "listen 80; listen [::]:80;".to_string(),
+        Speaks::H2c => "listen 80 http2; listen [::]:80 http2;".to_string(),
+        Speaks::H2Tls => format!(
+            "listen 443 ssl http2; listen [::]:443 ssl http2; ssl_certificate {}; ssl_certificate_key {};",
+            dir.join("cert.pem").display(),
+            dir.join("key.pem").display()
+        ),
+    };
+    // Upstream connections idle between requests stay open (HTTP/1.1, no `Connection: close`),
+    // as many as were ever in flight.
+    let (upstream, content) = match site.upstream {
+        Some(port) => (
+            format!("upstream backend {{ server 127.0.0.1:{port}; keepalive 256; keepalive_requests 1000000; }}\n"),
+            "location / { proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\"; }"
+                .to_string(),
+        ),
+        None => (String::new(), format!("root {};", dir.join("www").display())),
     };
     std::fs::write(
         &conf,
@@ -118,12 +185,10 @@ fn write_nginx_conf(dir: &Path, http2: bool, capacity: Option<u32>) -> Result<Pa
             "worker_processes 1;\nerror_log stderr error;\npid {pid};\nevents {{ worker_connections 1024; }}\n\
              http {{\n  access_log off;\n  keepalive_requests 1000000;\n  keepalive_timeout 300s;\n\
              client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n\
-             limit_req_zone $server_port zone=capacity:1m rate={rate}r/s;\n\
-             server {{ listen 80{h2}; listen [::]:80{h2}; root {root}; {limit} }}\n}}\n",
+             limit_req_zone $server_port zone=capacity:1m rate={rate}r/s;\n{upstream}\
+             server {{ {listen} {content} {limit} }}\n}}\n",
             pid = dir.join("nginx.pid").display(),
             tmp = dir.display(),
-            root = dir.join("www").display(),
-            h2 = if http2 { " http2" } else { "" },
         ),
     )
     .with_context(|| format!("writing {}", conf.display()))?;

@@ -128,6 +128,18 @@ impl OnePoint {
             ns.addr(ifname, v4)?;
             ns.addr(ifname, v6)?;
         }
+        // Each link's ends know each other's addresses for good: address resolution through an
+        // emulated delay would add it to a connection's first round trip (its handshake's), which
+        // pirated holds latencies to, as a router's long-resolved neighbours do not.
+        for pair in addrs.chunks(2) {
+            let [a, b] = pair else { unreachable!("links come in pairs") };
+            for (x, y) in [(a, b), (b, a)] {
+                let mac = y.0.mac(y.1)?;
+                for cidr in [y.2, y.3] {
+                    x.0.neighbour(x.1, cidr.split('/').next().unwrap_or(cidr), &mac)?;
+                }
+            }
+        }
         vp.sysctl("net.ipv4.ip_forward", "1")?;
         vp.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         client.route("10.201.2.0/24", "10.201.1.2")?;

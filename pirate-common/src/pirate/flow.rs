@@ -4,11 +4,12 @@
 use super::{
     batch_break,
     config::{Params, FLAG_ADAPTIVE_DELTA, MIN_GAPS_FOR_BREAK},
+    grid,
     modes::Modes,
 };
 use crate::key::FlowId;
 
-/// `FlowState::status` bits. The first three are the flow's, the last two its epoch's.
+/// `FlowState::status` bits. `ACTIVE` and `RESTARTED` are the epoch's, the others the flow's.
 /// A packet has entered the gap stream (0 is a valid timestamp in replay).
 pub const STARTED: u8 = 1;
 /// `last_ack` holds an acknowledgement number (any value, 0 included).
@@ -22,6 +23,9 @@ pub const ACTIVE: u8 = 16;
 /// A packet of `epoch` entered the gap stream with no gap before it (the flow's first, or one
 /// earlier than the last).
 pub const RESTARTED: u8 = 32;
+/// The last packet in the gap stream was the client's SYN: the next one carrying an ACK ends
+/// the handshake, and the time between them is its round trip.
+pub const SYN_SENT: u8 = 64;
 
 /// A `u64` timestamp as two 32-bit halves: 4-byte aligned.
 #[repr(C)]
@@ -50,7 +54,7 @@ impl Nanos {
 /// an epoch (≤ 60 s) plus one batch below the idle floor. ±8 ns per sample, zero-mean.
 pub const SUM_SHIFT: u32 = 4;
 
-/// Per-flow state, 144 bytes with 10 modes. Timestamps are the datapath's monotonic clock
+/// Per-flow state, 148 bytes with 10 modes. Timestamps are the datapath's monotonic clock
 /// (`bpf_ktime_get_ns`, or the capture's clock in replay). The continuity fields survive an
 /// epoch change; the measurement fields (`modes`, counters) belong to `epoch` and are handed
 /// over and reset when it ends. Counters saturate. 4-byte aligned (see [`Nanos`]) so that no
@@ -80,6 +84,14 @@ pub struct FlowState<const M: usize> {
     pub max_payload: u16,
     /// Gaps of this epoch at or above the idle floor, kept out of the modes.
     pub idle_gaps: u16,
+    /// Gaps of this epoch below the idle floor across which a TCP client's acknowledgement
+    /// number advanced: server data arrived in each. More of them than batches means responses
+    /// arrive while batches are sent: streams multiplexed on the connection.
+    pub acked_gaps: u16,
+    /// The TCP handshake's round trip as the vantage point saw it, SYN to the client's ACK, as
+    /// a [`grid`] code (0: not seen). No response comes back faster, which tells the gaps
+    /// between interleaved streams' requests from batches.
+    pub handshake_rtt: u16,
     /// The `STARTED` … `RESTARTED` bits.
     pub status: u8,
     pub _pad: u8,
@@ -99,6 +111,8 @@ impl<const M: usize> FlowState<M> {
             samples: 0,
             max_payload: 0,
             idle_gaps: 0,
+            acked_gaps: 0,
+            handshake_rtt: 0,
             status: 0,
             _pad: 0,
             modes: Modes::new(),
@@ -115,6 +129,11 @@ impl<const M: usize> FlowState<M> {
         let m = &self.modes;
         let counted: u64 = m.count[..m.used()].iter().map(|&c| c as u64).sum();
         counted + m.discarded as u64 + self.idle_gaps as u64 + self.has(RESTARTED) as u64
+    }
+
+    /// The handshake's round trip in ns (0: not seen).
+    pub fn handshake_rtt_ns(&self) -> u64 {
+        grid::decode(self.handshake_rtt) as u64
     }
 
     /// Alg. 1's sample sum in ns.
@@ -154,6 +173,7 @@ impl<const M: usize> FlowState<M> {
         self.samples_sum = 0;
         self.samples = 0;
         self.idle_gaps = 0;
+        self.acked_gaps = 0;
         self.status &= !(ACTIVE | RESTARTED);
         self.modes.clear();
     }

@@ -37,9 +37,9 @@ mod pod {
     unsafe impl aya::Pod for Set<C> {}
     unsafe impl aya::Pod for Set<W> {}
     const _: () = assert!(size_of::<Params>() == 56);
-    const _: () = assert!(size_of::<FlowState<C>>() == 40 + 10 * C + 4);
-    const _: () = assert!(size_of::<FlowState<W>>() == 40 + 10 * W + 4);
-    const _: () = assert!(size_of::<FlowState<C>>() == 144);
+    const _: () = assert!(size_of::<FlowState<C>>() == 44 + 10 * C + 4);
+    const _: () = assert!(size_of::<FlowState<W>>() == 44 + 10 * W + 4);
+    const _: () = assert!(size_of::<FlowState<C>>() == 148);
     const _: () = assert!(size_of::<Set<C>>() == WAYS * (16 + size_of::<FlowState<C>>()));
     const _: () = assert!(size_of::<Set<W>>() == WAYS * (16 + size_of::<FlowState<W>>()));
 }

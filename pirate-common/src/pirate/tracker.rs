@@ -7,7 +7,8 @@ use super::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
         FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
     },
-    flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT},
+    flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT, SYN_SENT},
+    grid,
     modes::Placed,
 };
 use crate::{
@@ -27,20 +28,23 @@ pub struct PacketInfo {
     pub ack: Option<u32>,
     /// TCP (with `ack`): the sequence number just past the segment's data.
     pub data_end: u32,
+    /// A TCP SYN without ACK: the client opening the connection.
+    pub syn: bool,
 }
 
 impl PacketInfo {
     #[inline(always)]
     pub fn of(pkt: &PacketCtx) -> PacketInfo {
         if pkt.key.proto != IPPROTO_TCP {
-            return PacketInfo { payload: pkt.payload, pure_ack: false, ack: None, data_end: 0 };
+            return PacketInfo { payload: pkt.payload, pure_ack: false, ack: None, data_end: 0, syn: false };
         }
         let flags = pkt.tcp_flags;
         let pure_ack = pkt.payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
         // Sequence space is mod 2^32: the payload's length wraps with it. A FIN takes a number
         // too: the first one is new (it ends the last batch), a retransmitted one is not.
         let data_end = pkt.seq.wrapping_add(pkt.payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
-        PacketInfo { payload: pkt.payload, pure_ack, ack: (flags & TCP_ACK != 0).then_some(pkt.ack), data_end }
+        let ack = (flags & TCP_ACK != 0).then_some(pkt.ack);
+        PacketInfo { payload: pkt.payload, pure_ack, ack, data_end, syn: flags & TCP_SYN != 0 && ack.is_none() }
     }
 }
 
@@ -98,6 +102,13 @@ pub fn packet<const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, p: &Params
 
 /// Feeds one packet arriving at `now` (ns) to its flow's state.
 pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInfo, p: &Params) -> Step {
+    // The handshake's ACK (pure or not) after the client's SYN, the latest one if it was
+    // retransmitted: the gap between them is the round trip.
+    if st.status & SYN_SENT != 0 && pkt.ack.is_some() {
+        st.status &= !SYN_SENT;
+        let rtt = now.saturating_sub(st.last_pkt.get());
+        st.handshake_rtt = grid::encode(if rtt > MAX_GAP_NS { MAX_GAP_NS as u32 } else { rtt as u32 });
+    }
     if pkt.pure_ack && p.has(FLAG_SKIP_PURE_ACKS) {
         return Step::SkippedPureAck;
     }
@@ -129,8 +140,8 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
     // gap stream at all) acknowledge the segments of a response as they arrive: they neither
     // mark nor move the reference, so the next request still sees the whole response.
     let acked = match pkt.ack {
-        Some(_) if p.has(FLAG_MARK_ACKED) && pkt.pure_ack => Some(false),
-        Some(ack) if p.has(FLAG_MARK_ACKED) => {
+        Some(_) if pkt.pure_ack => Some(false),
+        Some(ack) => {
             let advanced = st.status & ACK_SEEN == 0 || (ack.wrapping_sub(st.last_ack) as i32) > 0;
             if advanced {
                 st.last_ack = ack;
@@ -138,13 +149,16 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
             }
             Some(advanced)
         }
-        _ => None,
+        None => None,
     };
     let candidate = match acked {
-        Some(advanced) => advanced,
-        None => after_short,
+        Some(advanced) if p.has(FLAG_MARK_ACKED) => advanced,
+        _ => after_short,
     };
 
+    if pkt.syn {
+        st.status |= SYN_SENT;
+    }
     let last = st.last_pkt.get();
     if st.status & STARTED == 0 || now < last {
         st.status |= STARTED | RESTARTED;
@@ -182,6 +196,9 @@ pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInf
         return Step::Idle { gap_ns };
     }
 
+    if acked == Some(true) {
+        st.acked_gaps = st.acked_gaps.saturating_add(1);
+    }
     // Alg. 2 on the gap (below the floor, at most 4 s: it fits).
     let placed = st.modes.insert(g, candidate, p.epsilon(), p.max_modes as u32);
     Step::Gap { gap_ns, placed }

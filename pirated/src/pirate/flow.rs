@@ -108,7 +108,7 @@ pub struct FlowEpoch {
     pub epoch: u32,
     /// The modes as the datapath keeps them (10 bytes each), in the wide layout's arrays:
     /// [`FlowEpoch::modes`] decodes them where they are read, so that a million flows' epochs
-    /// take a fixed 216 bytes each and no allocation.
+    /// take a fixed 224 bytes each and no allocation.
     codes: Modes<MODES_WIDE>,
     pub discarded: u64,
     /// Gaps at or above the idle floor (not in the modes).
@@ -119,6 +119,10 @@ pub struct FlowEpoch {
     pub samples_sum_ns: u64,
     /// Alg. 1's adaptive δ in this epoch: gaps from this long started a batch (0: the fixed δ).
     pub batch_gap_ns: u64,
+    /// The TCP handshake's round trip (0: not seen).
+    pub handshake_rtt_ns: u32,
+    /// Gaps across which the client's acknowledgement number advanced (saturating at 65535).
+    pub acked_gaps: u16,
 }
 
 impl FlowEpoch {
@@ -140,6 +144,8 @@ impl FlowEpoch {
             samples: st.samples as u64,
             samples_sum_ns: st.samples_sum_ns(),
             batch_gap_ns: st.batch_gap_ns as u64,
+            handshake_rtt_ns: st.handshake_rtt_ns() as u32,
+            acked_gaps: st.acked_gaps,
         }
     }
 

@@ -13,7 +13,10 @@ use prometheus_client::{
 
 use pirate_common::counters;
 
-use super::{estimate::servers::ServerEstimate, report::EpochReport};
+use super::{
+    estimate::{servers::ServerEstimate, NoFigure},
+    report::EpochReport,
+};
 use crate::{config::MetricsConfig, histogram::BatchHistogram, source::Kernel};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -36,6 +39,11 @@ struct BoundLabel {
     bound: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 pub struct Metrics {
     server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
     server_quantile: Family<QuantileLabel, Gauge<f64, AtomicU64>>,
@@ -50,6 +58,7 @@ pub struct Metrics {
     flow_latency: BatchHistogram,
     flows_tracked: Gauge,
     flows_active: Gauge,
+    flows_without_figure: Family<ReasonLabel, Gauge>,
     flows_evicted: Counter,
     records_lost: Counter,
     gaps_discarded: Counter,
@@ -78,6 +87,7 @@ impl Metrics {
             flows_tracked: Gauge::default(),
             flows_evicted: Counter::default(),
             flows_active: Gauge::default(),
+            flows_without_figure: Family::default(),
             records_lost: Counter::default(),
             gaps_discarded: Counter::default(),
         };
@@ -134,6 +144,13 @@ impl Metrics {
         registry.register("flows_tracked", "Entries in the datapath's flow table", m.flows_tracked.clone());
         registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
         registry.register(
+            "flows_without_figure",
+            "Flows of the last epoch whose figure from the configured estimator was withheld, by reason (below_round_trip: shorter than the handshake's round trip allows; interleaved: multiplexed streams out of step); their servers' figures leave them out",
+            m.flows_without_figure.clone(),
+        );
+        // Every reason's series from the start, at 0, so that a query finds it before the first.
+        NoFigure::ALL.iter().for_each(|r| _ = m.flows_without_figure.get_or_create(&ReasonLabel { reason: r.name() }));
+        registry.register(
             "flows_evicted",
             "Flows the flow table evicted for newer ones (the least recently active of the two sets a new flow may take); one evicted with packets in the current epoch loses that epoch (raise max_flows if it grows)",
             m.flows_evicted.clone(),
@@ -162,6 +179,9 @@ impl Metrics {
         let evicted = kernel.counters[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(kernel.tracked as u64);
         self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
         self.flows_active.set(report.flows.len() as i64);
+        for (reason, &n) in NoFigure::ALL.iter().zip(&report.withheld) {
+            self.flows_without_figure.get_or_create(&ReasonLabel { reason: reason.name() }).set(n as i64);
+        }
         self.records_lost.inc_by(delta[counters::EVENT_RECORD_LOST as usize]);
         self.gaps_discarded.inc_by(report.discarded());
     }

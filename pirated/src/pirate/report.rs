@@ -1,6 +1,6 @@
 //! One epoch's results, computed the same way by the daemon and by replay, and their JSON lines.
 
-use std::io::Write;
+use std::{collections::BTreeMap, io::Write, net::SocketAddr};
 
 use serde::Serialize;
 
@@ -9,7 +9,7 @@ use crate::pirate::{
         quantile::Quantile,
         quantile::Span,
         servers::{per_server, Numbering, ServerEstimate},
-        Estimates, Estimator, FlowEstimate, Settings,
+        Estimates, Estimator, FlowEstimate, NoFigure, Settings,
     },
     flow::{client, proto_name, server, FlowEpoch},
 };
@@ -44,6 +44,10 @@ pub struct EpochReport {
     pub servers_batches: Vec<ServerEstimate>,
     /// Gaps the flows' full mode tables dropped.
     discarded: u64,
+    /// Flows whose figure from the selected estimator was withheld: per server (ascending), and
+    /// per reason (in the order of `NoFigure::ALL`).
+    pub withheld_servers: Vec<(SocketAddr, u64)>,
+    pub withheld: [u64; NoFigure::ALL.len()],
 }
 
 impl EpochReport {
@@ -69,15 +73,33 @@ impl EpochReport {
         }
         let shares = crate::parallel::fold_into(&flows, &mut estimates, Share::default, |share, flow| {
             let modes = flow.modes();
-            let (paper, batches) = settings.estimate(flow.key.proto, &modes, want_paper, want_batches);
+            let est = settings.flow(flow, &modes, want_paper, want_batches);
             share.discarded += flow.discarded;
-            let est = Estimates { paper, batches, server: 0 };
             Estimates { server: share.servers.add(server(&flow.key), &modes, &est), ..est }
         });
+        // Withheld figures are rare: one pass that touches a field per flow finds them.
+        let (mut servers, mut withheld) = (BTreeMap::new(), [0; NoFigure::ALL.len()]);
+        for (flow, est) in flows.iter().zip(&estimates) {
+            if let Some(reason) = est.withheld(estimator) {
+                *servers.entry(server(&flow.key)).or_insert(0) += 1;
+                withheld[reason as usize] += 1;
+            }
+        }
         let discarded = shares.iter().map(|s| s.discarded).sum();
         let numberings: Vec<Numbering> = shares.into_iter().map(|s| s.servers).collect();
         let [servers_paper, servers_batches] = per_server(&numberings, &flows, &estimates, &mut spans);
-        EpochReport { epoch, estimator, flows, estimates, spans, servers_paper, servers_batches, discarded }
+        EpochReport {
+            epoch,
+            estimator,
+            flows,
+            estimates,
+            spans,
+            servers_paper,
+            servers_batches,
+            discarded,
+            withheld_servers: servers.into_iter().collect(),
+            withheld,
+        }
     }
 
     /// The per-flow vectors, for the next epoch to fill: a million flows' worth is hundreds of
@@ -113,6 +135,7 @@ impl EpochReport {
                 server: server(&f.key).to_string(),
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
+                no_figure: r.withheld(self.estimator).map(NoFigure::name),
                 estimates: Both {
                     paper: r.paper.as_ref().map(Figure::from),
                     batches: r.batches.as_ref().map(Figure::from),
@@ -133,19 +156,22 @@ impl EpochReport {
             out.write_all(b"\n")?;
         }
         let find = |list: &[ServerEstimate], at| list.iter().find(|s| s.server == at).map(Figure::from);
-        for s in self.servers() {
+        let withheld =
+            |at| self.withheld_servers.binary_search_by_key(&at, |w| w.0).map_or(0, |i| self.withheld_servers[i].1);
+        // Servers with a figure, then those whose every flow had its figure withheld.
+        let without = self.withheld_servers.iter().filter(|w| !self.servers().iter().any(|s| s.server == w.0));
+        let lines = self.servers().iter().map(|s| (s.server, Some(s))).chain(without.map(|w| (w.0, None)));
+        for (at, s) in lines {
             let line = ServerLine {
                 kind: "server",
                 epoch: self.epoch,
-                server: s.server.to_string(),
-                estimate_ns: s.estimate_ns.round() as u64,
-                flows: s.flows,
-                batches: s.batches,
-                quantiles: s.quantiles.iter().map(QuantileLine::from).collect(),
-                estimates: Both {
-                    paper: find(&self.servers_paper, s.server),
-                    batches: find(&self.servers_batches, s.server),
-                },
+                server: at.to_string(),
+                estimate_ns: s.map(|s| s.estimate_ns.round() as u64),
+                flows: s.map_or(0, |s| s.flows),
+                flows_without_figure: withheld(at),
+                batches: s.map_or(0, |s| s.batches),
+                quantiles: s.map_or(Vec::new(), |s| s.quantiles.iter().map(QuantileLine::from).collect()),
+                estimates: Both { paper: find(&self.servers_paper, at), batches: find(&self.servers_batches, at) },
             };
             serde_json::to_writer(&mut *out, &line)?;
             out.write_all(b"\n")?;
@@ -216,6 +242,8 @@ struct FlowLine {
     /// The configured estimator's figure; null when it has none for this flow and epoch.
     estimate_ns: Option<u64>,
     batches: u64,
+    /// Why the configured estimator's figure was withheld (`NoFigure::name`); null otherwise.
+    no_figure: Option<&'static str>,
     /// Both estimators' figures, for comparison.
     estimates: Both,
     /// Alg. 1 causal-pair samples and their mean.
@@ -237,8 +265,11 @@ struct ServerLine {
     kind: &'static str,
     epoch: u32,
     server: String,
-    estimate_ns: u64,
+    /// Null when every flow's figure was withheld.
+    estimate_ns: Option<u64>,
+    /// Flows with a figure, and flows whose figure was withheld (`no_figure` on their lines).
     flows: usize,
+    flows_without_figure: u64,
     batches: u64,
     /// The configured estimator's response-latency quantiles over the server's batches.
     #[serde(skip_serializing_if = "Vec::is_empty")]

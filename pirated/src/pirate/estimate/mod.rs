@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use chains::Chains;
 use pirate_common::{parse::IPPROTO_TCP, pirate::modes::Epsilon};
 
-use crate::pirate::flow::Mode;
+use crate::pirate::flow::{FlowEpoch, Mode};
 
 /// Which estimator turns modes into a latency.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -37,6 +37,12 @@ pub struct Settings {
     /// TCP gaps are marked by the client's acknowledgement number (`FLAG_MARK_ACKED`): a marked
     /// gap held a response, so it ends a batch.
     pub acked_marks: bool,
+    /// A flow's estimate below this share of its handshake's round trip is withheld
+    /// ([`NoFigure::BelowRoundTrip`]); 0: never.
+    pub round_trip_floor: f64,
+    /// A multiplexed flow's batch-ending gaps must hold this share of its time, or its estimate
+    /// is withheld ([`NoFigure::Interleaved`]); 0: never.
+    pub multiplexed_time_share: f64,
     /// Alg. 2's ε and span cap: modes closer than ε form the chains the estimators read.
     pub epsilon: Epsilon,
 }
@@ -71,6 +77,72 @@ impl Settings {
         let paper = paper.then(|| on_chains(paper::proportional_mode_sum(&chains.modes, &self.paper))).flatten();
         (paper, batches)
     }
+
+    /// One flow's epoch through the estimators asked for, each figure held to what its batches
+    /// can support: one below [`Settings::round_trip_floor`] of the flow's round trip, or one of
+    /// a multiplexed flow whose batch ends hold too little of its time, is withheld, with the
+    /// reason.
+    pub fn flow(&self, flow: &FlowEpoch, modes: &[Mode], paper: bool, batches: bool) -> Estimates {
+        let (paper, batches) = self.estimate(flow.key.proto, modes, paper, batches);
+        let floor = self.round_trip_floor * flow.handshake_rtt_ns as f64;
+        let held = |e: Option<FlowEstimate>| match e {
+            Some(e) if below(floor, modes, &e) => (None, Some(NoFigure::BelowRoundTrip)),
+            Some(e) if self.interleaved(flow, modes, &e) => (None, Some(NoFigure::Interleaved)),
+            e => (e, None),
+        };
+        let ((paper, paper_withheld), (batches, batches_withheld)) = (held(paper), held(batches));
+        Estimates { paper, batches, paper_withheld, batches_withheld, server: 0 }
+    }
+}
+
+/// Batch ends shorter than the round-trip floor allowed in an epoch with a figure: scheduling
+/// noise at the vantage point can shorten a gap (a request seen late, the next on time).
+const SHORT_ENDS_SHARE: f64 = 0.05;
+
+/// Whether the estimate, or more than [`SHORT_ENDS_SHARE`] of its batches' ends (by their modes'
+/// means), lie below `floor_ns`: streams out of step for the whole epoch, or for a part of it.
+fn below(floor_ns: f64, modes: &[Mode], e: &FlowEstimate) -> bool {
+    let short: u64 = e.ends.of(modes).filter(|&(i, _)| modes[i].mean_ns() < floor_ns).map(|(_, n)| n).sum();
+    e.estimate_ns < floor_ns || short as f64 > SHORT_ENDS_SHARE * e.batches as f64
+}
+
+impl Settings {
+    /// Whether responses arrive while the flow's batches are sent (twice as many gaps with new
+    /// data acknowledged as batches, a count that saturates at 65535) and yet its batch-ending
+    /// gaps hold less than [`Settings::multiplexed_time_share`] of its time.
+    fn interleaved(&self, flow: &FlowEpoch, modes: &[Mode], e: &FlowEstimate) -> bool {
+        let multiplexed = flow.acked_gaps as u64 >= (2 * e.batches).min(u16::MAX as u64);
+        let ends_ns: f64 =
+            e.ends.of(modes).map(|(i, n)| modes[i].sum_ns as f64 * n as f64 / modes[i].count.max(1) as f64).sum();
+        multiplexed && ends_ns < self.multiplexed_time_share * e.kept_ns as f64
+    }
+}
+
+/// Why a flow with gaps has no figure from an estimator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoFigure {
+    /// The estimate, or more than a few of the batch ends, shorter than the connection's
+    /// handshake round trip allows: no response comes back that fast, so those gaps are between
+    /// the requests of streams multiplexed on the connection and interleaved in time (HTTP/2,
+    /// gRPC), and the mean between batch ends is a fraction of the latency.
+    BelowRoundTrip,
+    /// Streams multiplexed on the connection (responses arrive while requests are sent) out of
+    /// step: their requests leave at every spacing, not in bursts between clean waits, and the
+    /// gaps above a break are a share of the waits only.
+    Interleaved,
+}
+
+impl NoFigure {
+    pub const ALL: [NoFigure; 2] = [NoFigure::BelowRoundTrip, NoFigure::Interleaved];
+
+    /// The reason as JSON and the metrics' `reason` label name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NoFigure::BelowRoundTrip => "below_round_trip",
+            NoFigure::Interleaved => "interleaved",
+        }
+    }
 }
 
 /// One flow's figures from each estimator (`None`: not asked for, or no figure).
@@ -78,6 +150,9 @@ impl Settings {
 pub struct Estimates {
     pub paper: Option<FlowEstimate>,
     pub batches: Option<FlowEstimate>,
+    /// Why `paper` / `batches` is `None` though the estimator had a figure.
+    pub paper_withheld: Option<NoFigure>,
+    pub batches_withheld: Option<NoFigure>,
     /// The flow's server's number in its share of the flows (see `servers::Numbering`).
     pub server: u32,
 }
@@ -87,6 +162,14 @@ impl Estimates {
         match which {
             Estimator::Paper => self.paper.as_ref(),
             Estimator::Batches => self.batches.as_ref(),
+        }
+    }
+
+    /// Why `which` has no figure for the flow, where it had one and withheld it.
+    pub fn withheld(&self, which: Estimator) -> Option<NoFigure> {
+        match which {
+            Estimator::Paper => self.paper_withheld,
+            Estimator::Batches => self.batches_withheld,
         }
     }
 }
@@ -146,6 +229,7 @@ impl Ends {
 
 #[cfg(test)]
 mod tests {
+    use pirate_common::parse::IPPROTO_TCP;
     use pirate_common::{
         key::FlowKey,
         parse::IPPROTO_UDP,
@@ -214,6 +298,73 @@ mod tests {
         );
         assert!(err(capped.3) < 0.05, "capped p99 {} vs {truth}", capped.3);
         assert!(err(capped.3) < err(alg2.3), "p99: Alg. 2 {} capped {} truth {truth}", alg2.3, capped.3);
+    }
+
+    /// Batches 2.6 ms apart on a connection whose handshake took 5.1 ms: interleaved streams,
+    /// withheld by both estimators, with the reason; at 4.2 ms (above 0.8 of it), or with no
+    /// handshake seen, or with the floor off, the figure stands.
+    #[test]
+    fn a_figure_below_the_handshakes_round_trip_is_withheld() {
+        let settings = Config::default().estimation();
+        assert_eq!(settings.round_trip_floor, 0.8);
+        let flow = |gap: u32, rtt: u32| {
+            let mut st = FlowState::<MODES_COMPACT>::new(1);
+            (0..200).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
+            st.handshake_rtt = pirate_common::pirate::grid::encode(rtt);
+            FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st)
+        };
+        let figures = |f: &FlowEpoch, s: &Settings| {
+            let e = s.flow(f, &f.modes(), true, true);
+            [e.paper.map(|e| e.estimate_ns.round()), e.batches.map(|e| e.estimate_ns.round())]
+        };
+        let interleaved = flow(2_600_000, 5_100_000);
+        let e = settings.flow(&interleaved, &interleaved.modes(), true, true);
+        assert_eq!((e.paper, e.batches), (None, None));
+        assert_eq!([e.withheld(Estimator::Paper), e.withheld(Estimator::Batches)], [Some(NoFigure::BelowRoundTrip); 2]);
+        let off = Settings { round_trip_floor: 0.0, ..settings };
+        assert!(figures(&interleaved, &off).iter().all(|f| (f.unwrap() - 2.6e6).abs() < 3e3));
+        // Streams out of step for a part of the epoch: 9 % of the batch ends short, the mean
+        // above the floor. 3 % short is noise.
+        let mixed = |short: usize| {
+            let mut st = FlowState::<MODES_COMPACT>::new(1);
+            for (gap, n) in [(5_200_000, 1000), (2_500_000, short)] {
+                (0..n).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
+            }
+            st.handshake_rtt = pirate_common::pirate::grid::encode(5_100_000);
+            let f = FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st);
+            settings.flow(&f, &f.modes(), false, true).batches_withheld
+        };
+        assert_eq!((mixed(100), mixed(30)), (Some(NoFigure::BelowRoundTrip), None));
+        for f in [flow(4_200_000, 5_100_000), flow(2_600_000, 0)] {
+            let e = settings.flow(&f, &f.modes(), true, true);
+            assert_eq!([e.paper_withheld, e.batches_withheld], [None, None]);
+            assert_eq!(figures(&f, &settings), figures(&f, &off));
+        }
+    }
+
+    /// Requests every 100 µs, 1 ms and 4 ms apart: a break below the 4 ms gaps, which hold 63 %
+    /// of the time. With an acknowledgement advancing across every gap (streams multiplexed and
+    /// out of step), the batches estimator's figure is withheld; with one per batch (a client
+    /// pipelining), or the share off, it stands.
+    #[test]
+    fn a_multiplexed_flow_whose_batch_ends_hold_little_of_its_time_has_no_figure() {
+        let settings = Config::default().estimation();
+        let mut st = FlowState::<MODES_COMPACT>::new(1);
+        for (gap, n) in [(100_000, 300), (1_000_000, 200), (4_000_000, 100)] {
+            (0..n).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
+        }
+        let key = FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() };
+        let mut with_acks = |acked: u16| {
+            st.acked_gaps = acked;
+            FlowEpoch::from_state(key, &st)
+        };
+        let batches = |f: &FlowEpoch, s: &Settings| s.flow(f, &f.modes(), false, true);
+        let stepped = batches(&with_acks(100), &settings);
+        assert_eq!((stepped.batches.map(|e| e.batches), stepped.batches_withheld), (Some(100), None));
+        let interleaved = batches(&with_acks(600), &settings);
+        assert_eq!((interleaved.batches, interleaved.batches_withheld), (None, Some(NoFigure::Interleaved)));
+        let off = Settings { multiplexed_time_share: 0.0, ..settings };
+        assert_eq!(batches(&with_acks(600), &off).batches, stepped.batches);
     }
 
     /// A 5 s epoch of one web-like connection under 1 % loss and 25 % reordering, as drained

@@ -219,7 +219,7 @@ mod tests {
             .iter()
             .map(|f| {
                 let (paper, batches) = settings.estimate(IPPROTO_UDP, &f.modes(), true, true);
-                Estimates { paper, batches, server: 0 }
+                Estimates { paper, batches, ..Estimates::default() }
             })
             .collect();
         let (mut shares, mut numbered) = (Vec::new(), Vec::new());

@@ -9,8 +9,9 @@ use std::{
 use anyhow::{Context, Result};
 use pirate_tests::{
     clients::{h2load, redis_benchmark, wrk, ClientLatency},
+    grpc,
     linkem::{EmuLink, LinkSpec},
-    servers::{nginx, nginx_h2, redis, think_time_http, WEB_FILES},
+    servers::{nginx, nginx_h2, nginx_h2_proxy, redis, think_time_http, WEB_FILES},
     testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
 };
@@ -18,6 +19,12 @@ use serde_json::Value;
 
 /// The quantiles the web client's truth and pirated both report.
 const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+/// Where `think_time_http` listens, on its own or behind nginx.
+const THINK_TIME_PORT: u16 = 8080;
+const GRPC_PORT: u16 = 50051;
+/// The service times of the multiplexed rows (HTTP/2 behind a proxy, gRPC), ms: each row's
+/// server takes one of them per request, on top of the return path's delay.
+const SERVICE_MS: [u64; 2] = [2, 10];
 
 #[derive(Clone, Copy)]
 enum Server {
@@ -25,9 +32,19 @@ enum Server {
     Nginx {
         http2: bool,
     },
+    /// nginx speaking HTTP/2 (h2c, or over TLS) in front of `think_time_http`, which takes
+    /// `service_ms` per request.
+    H2Proxy {
+        tls: bool,
+        service_ms: u64,
+    },
     Redis,
-    /// `think_time_http` on port 8080, service times (ms, weight) drawn per request.
+    /// `think_time_http` on its own, service times (ms, weight) drawn per request.
     ThinkTime(&'static [(u64, f64)]),
+    /// The gRPC server, `service_ms` per call.
+    Grpc {
+        service_ms: u64,
+    },
 }
 
 #[derive(Clone, Copy)]
@@ -46,6 +63,10 @@ enum Client {
     },
     Wrk {
         conns: u32,
+    },
+    /// The gRPC client, `in_flight` unary calls at a time on one connection.
+    Grpc {
+        in_flight: u32,
     },
 }
 
@@ -103,6 +124,20 @@ pub fn all() -> Vec<Case> {
         let name = format!("h2c 1 conn × {streams} streams, 5 ms, h2load");
         cases.push(case(name, Server::Nginx { http2: true }, Client::H2load { streams }, Some(5)));
     }
+    for (tls, proto) in [(false, "h2c"), (true, "h2-TLS")] {
+        for streams in [4, 16, 100] {
+            for service_ms in SERVICE_MS {
+                let name = format!("{proto} 1 conn × {streams} streams, 5 ms + {service_ms} ms service, h2load");
+                cases.push(case(name, Server::H2Proxy { tls, service_ms }, Client::H2load { streams }, Some(5)));
+            }
+        }
+    }
+    for in_flight in [16, 100] {
+        for service_ms in SERVICE_MS {
+            let name = format!("gRPC 1 conn × {in_flight} unary in flight, 5 ms + {service_ms} ms service, grpcio");
+            cases.push(case(name, Server::Grpc { service_ms }, Client::Grpc { in_flight }, Some(5)));
+        }
+    }
     for pipeline in [4, 16] {
         let name = format!("redis -P {pipeline}, 5 ms, redis-benchmark");
         cases.push(case(name, Server::Redis, Client::RedisBenchmark { pipeline }, Some(5)));
@@ -143,21 +178,28 @@ impl Case {
             span: false,
         })?;
         let port = match self.server {
-            Server::Nginx { .. } => 80,
+            Server::Nginx { .. } | Server::H2Proxy { tls: false, .. } => 80,
+            Server::H2Proxy { tls: true, .. } => 443,
             Server::Redis => 6379,
-            Server::ThinkTime(_) => 8080,
+            Server::ThinkTime(_) => THINK_TIME_PORT,
+            Server::Grpc { .. } => GRPC_PORT,
         };
         let ip: IpAddr = if self.ipv6 { SERVER_IP6 } else { SERVER_IP }.parse()?;
         let addr = SocketAddr::new(ip, port);
         let _server = match self.server {
             Server::Nginx { http2: false } => Some(nginx(&tb.server, WEB_FILES)?),
             Server::Nginx { http2: true } => Some(nginx_h2(&tb.server, WEB_FILES)?),
+            Server::H2Proxy { tls, service_ms } => {
+                think_time_http(&tb.server, THINK_TIME_PORT, &[(Duration::from_millis(service_ms), 1.0)], 1)?;
+                Some(nginx_h2_proxy(&tb.server, tls, THINK_TIME_PORT)?)
+            }
             Server::Redis => Some(redis(&tb.server)?),
             Server::ThinkTime(service) => {
                 let service: Vec<_> = service.iter().map(|&(ms, w)| (Duration::from_millis(ms), w)).collect();
                 think_time_http(&tb.server, port, &service, 1)?;
                 None
             }
+            Server::Grpc { service_ms } => Some(grpc::server(&tb.server, port, Duration::from_millis(service_ms))?),
         };
         // Emulators run until dropped, after pirated has stopped.
         let _return = match (self.return_delay_ms, &tb.return_path) {
@@ -179,7 +221,8 @@ impl Case {
         let truth = match self.client {
             Client::Web { conns, web_like } => web(&tb, addr, conns, web_like, duration)?,
             Client::H2load { streams } => {
-                h2load(&tb.client, &format!("http://{addr}/small"), streams, duration)?.into()
+                let scheme = if matches!(self.server, Server::H2Proxy { tls: true, .. }) { "https" } else { "http" };
+                h2load(&tb.client, &format!("{scheme}://{addr}/small"), streams, duration)?.into()
             }
             Client::RedisBenchmark { pipeline } => {
                 // About `secs` of traffic: one pipeline per response delay.
@@ -187,6 +230,7 @@ impl Case {
                 redis_benchmark(&tb.client, &ip.to_string(), 1, (batches * pipeline as u64) as u32, pipeline)?.into()
             }
             Client::Wrk { conns } => wrk(&tb.client, &format!("http://{addr}/small"), conns, duration)?.into(),
+            Client::Grpc { in_flight } => grpc::client(&tb.client, addr, in_flight, duration)?.into(),
         };
         let lines = pirated.stop()?;
         Ok(Outcome { truth, lines, server: addr.to_string() })

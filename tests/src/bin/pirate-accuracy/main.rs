@@ -1,10 +1,12 @@
 //! `cargo xtask bench accuracy`: pirated's two estimators — the paper's proportional mode sum and
-//! the batches estimator — against the clients' own latency figures, one testbed run per case,
-//! printed as one table. A benchmark, not a test: it reports errors and holds them to no bound,
-//! so that cases beyond the tests' (HTTP/2, pipelining, many connections, IPv6) can be compared.
+//! the batches estimator — against the clients' own latency figures, one testbed run per case
+//! (or `--runs N`), printed as one table. A benchmark, not a test: it reports errors and holds
+//! them to no bound, so that cases beyond the tests' (HTTP/2 over cleartext and TLS, gRPC,
+//! pipelining, many connections, IPv6) can be compared.
 //! Needs root and pirated/pirate-linkem built next to it (the xtask builds them).
 
 mod cases;
+mod figures;
 mod table;
 
 use std::time::Instant;
@@ -21,6 +23,10 @@ struct Args {
     /// Seconds of traffic per case (each case is one pirated epoch, at most 60 s).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
     seconds: u64,
+    /// Runs of each case, each on a testbed of its own; with more than one, the table shows each
+    /// estimator's median error and range over them, and the runs that reported no figure.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
     /// List the cases and exit.
     #[arg(long)]
     list: bool,
@@ -46,21 +52,27 @@ fn main() -> Result<()> {
         bail!("no case matches {:?} (see --list)", args.case);
     }
     let config = args.mode_span.map_or(String::new(), |span| format!("[pirate]\nmode_span = {span}\n"));
-    let mut table = table::Table::default();
+    let mut table = table::Table::new(args.runs);
     for (i, case) in cases.iter().enumerate() {
-        let start = Instant::now();
-        eprintln!("[{}/{}] {} …", i + 1, cases.len(), case.name);
-        let outcome = case.run(args.seconds, &config);
-        match &outcome {
-            Ok(o) => {
-                eprintln!("      done in {:.1} s", start.elapsed().as_secs_f64());
-                if args.dump {
-                    o.lines.iter().for_each(|l| eprintln!("{l}"));
+        let outcomes: Vec<_> = (1..=args.runs)
+            .map(|run| {
+                let start = Instant::now();
+                let of_runs = if args.runs > 1 { format!(" (run {run}/{})", args.runs) } else { String::new() };
+                eprintln!("[{}/{}] {}{of_runs} …", i + 1, cases.len(), case.name);
+                let outcome = case.run(args.seconds, &config);
+                match &outcome {
+                    Ok(o) => {
+                        eprintln!("      done in {:.1} s", start.elapsed().as_secs_f64());
+                        if args.dump {
+                            o.lines.iter().for_each(|l| eprintln!("{l}"));
+                        }
+                    }
+                    Err(e) => eprintln!("      failed: {e:#}"),
                 }
-            }
-            Err(e) => eprintln!("      failed: {e:#}"),
-        }
-        table.add(&case.name, &outcome);
+                outcome
+            })
+            .collect();
+        table.add(&case.name, &outcomes);
     }
     println!("\n{}", table.render());
     Ok(())

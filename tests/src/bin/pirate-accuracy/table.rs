@@ -1,55 +1,84 @@
 //! The accuracy table: per case a mean row and, where the client has its own quantiles,
-//! p50/p90/p99 rows, each with the truth, both estimators and their relative errors. Markdown,
-//! padded so that it lines up in a terminal too; failed cases get an `error` row, their
-//! messages follow the table (they would widen its columns).
+//! p50/p90/p99 rows, each with the truth and both estimators' errors, and the case's flows
+//! whose figure pirated withheld. One run a case shows each figure; several show the median
+//! error, its range and the runs that reported no figure. Markdown, padded so that it lines up
+//! in a terminal too; failed runs' messages follow the table (they would widen its columns),
+//! and a case whose every run failed gets an `error` row.
 
 use anyhow::Result;
-use pirate_tests::testbed::{batch_weighted_mean, server_quantiles, By, Of};
 
-use crate::cases::Outcome;
+use crate::{
+    cases::Outcome,
+    figures::{Run, Spread, ESTIMATORS},
+};
 
-const HEADER: [&str; 7] = ["case", "stat", "truth", "paper", "err", "batches", "err"];
+const ONE_RUN: &[&str] = &["case", "stat", "truth", "paper", "err", "batches", "err", "no figure"];
+const RUNS: &[&str] =
+    &["case", "stat", "truth", "paper", "min … max", "runs w/o", "batches", "min … max", "runs w/o", "no figure"];
 /// Columns that are text; the others are figures, right-aligned.
 const TEXT_COLUMNS: usize = 2;
 
-#[derive(Default)]
 pub struct Table {
-    rows: Vec<[String; 7]>,
+    header: &'static [&'static str],
+    rows: Vec<Vec<String>>,
     errors: Vec<String>,
 }
 
 impl Table {
-    pub fn add(&mut self, case: &str, outcome: &Result<Outcome>) {
-        let o = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                let none = || "—".to_string();
-                self.rows.push([case.into(), "error".into(), none(), none(), none(), none(), none()]);
-                self.errors.push(format!("{case}: {e:#}"));
-                return;
+    /// A table of `runs` runs a case.
+    pub fn new(runs: u32) -> Table {
+        Table { header: if runs == 1 { ONE_RUN } else { RUNS }, rows: Vec::new(), errors: Vec::new() }
+    }
+
+    /// One case's rows from its runs' outcomes.
+    pub fn add(&mut self, case: &str, outcomes: &[Result<Outcome>]) {
+        let mut runs = Vec::new();
+        for (k, outcome) in outcomes.iter().enumerate() {
+            match outcome {
+                Ok(o) => runs.push(Run::of(o)),
+                Err(e) if outcomes.len() == 1 => self.errors.push(format!("{case}: {e:#}")),
+                Err(e) => self.errors.push(format!("{case}, run {}/{}: {e:#}", k + 1, outcomes.len())),
             }
-        };
-        let mean = |by| batch_weighted_mean(&o.lines, Of::Server(&o.server), by).map(|(s, _)| s);
-        let mut stats = vec![("mean".to_string(), o.truth.mean, mean(By::Paper), mean(By::Batches))];
-        let (paper, batches) =
-            (server_quantiles(&o.lines, &o.server, By::Paper), server_quantiles(&o.lines, &o.server, By::Batches));
-        let at = |est: &[(f64, f64)], q: f64| est.iter().find(|e| (e.0 - q).abs() < 1e-9).map(|e| e.1);
-        for &(q, truth) in &o.truth.quantiles {
-            stats.push((format!("p{:.0}", q * 100.0), truth, at(&paper, q), at(&batches, q)));
         }
-        for (i, (stat, truth, paper, batches)) in stats.into_iter().enumerate() {
-            // The case's name once, on its first row.
-            let name = if i == 0 { case.to_string() } else { String::new() };
-            let (p, pe) = figure(paper, truth);
-            let (b, be) = figure(batches, truth);
-            self.rows.push([name, stat, ms(truth), p, pe, b, be]);
+        let Some(first) = runs.first() else {
+            let dashes = (TEXT_COLUMNS..self.header.len()).map(|_| none());
+            self.rows.push([case.into(), "error".into()].into_iter().chain(dashes).collect());
+            return;
+        };
+        let (withheld, flows) = runs.iter().fold((0, 0), |(w, f), r| (w + r.withheld, f + r.flows));
+        for (i, stat) in first.stats.iter().enumerate() {
+            // The case's name and flows once, on its first row.
+            let once = |text: String| if i == 0 { text } else { String::new() };
+            let mut row = vec![once(case.into()), stat.name.clone()];
+            // One run a case: its figures; several: the errors' medians and ranges over the runs
+            // that succeeded.
+            if self.header == ONE_RUN {
+                row.push(ms(stat.truth));
+                for (estimate, error) in stat.estimates.iter().zip(stat.errors()) {
+                    row.extend([estimate.map_or_else(none, ms), error.map_or_else(none, percent)]);
+                }
+            } else {
+                let truths = runs.iter().map(|r| r.stats[i].truth).collect();
+                row.push(Spread::of(truths).map_or_else(none, |t| ms(t.median)));
+                for e in 0..ESTIMATORS.len() {
+                    let errors = runs.iter().filter_map(|r| r.stats[i].errors()[e]).collect();
+                    row.extend(match Spread::of(errors) {
+                        Some(s) => [percent(s.median), format!("{:+.2} … {}", s.min * 100.0, percent(s.max))],
+                        None => [none(), none()],
+                    });
+                    row.push(format!("{}/{}", runs.iter().filter(|r| r.no_figure(i, e)).count(), runs.len()));
+                }
+            }
+            row.push(once(format!("{withheld}/{flows} flows")));
+            self.rows.push(row);
         }
     }
 
     pub fn render(&self) -> String {
-        let width =
-            |c: usize| self.rows.iter().map(|r| r[c].chars().count()).chain([HEADER[c].len()]).max().unwrap_or(0);
-        let widths: Vec<usize> = (0..HEADER.len()).map(width).collect();
+        let width = |c: usize| {
+            self.rows.iter().map(|r| r[c].chars().count()).chain([self.header[c].chars().count()]).max().unwrap_or(0)
+        };
+        let widths: Vec<usize> = (0..self.header.len()).map(width).collect();
         let line = |cells: &[String]| {
             let padded: Vec<String> = cells
                 .iter()
@@ -59,7 +88,7 @@ impl Table {
                 .collect();
             format!("| {} |\n", padded.join(" | "))
         };
-        let mut out = line(&HEADER.map(String::from));
+        let mut out = line(&self.header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
         let rule: Vec<String> = widths
             .iter()
             .enumerate()
@@ -80,10 +109,12 @@ fn ms(seconds: f64) -> String {
     format!("{:.3} ms", seconds * 1e3)
 }
 
-/// An estimate and its error relative to `truth`, or dashes where pirated gave none.
-fn figure(estimate: Option<f64>, truth: f64) -> (String, String) {
-    match estimate {
-        Some(e) => (ms(e), format!("{:+.2} %", (e - truth) / truth * 100.0)),
-        None => ("—".into(), "—".into()),
-    }
+/// A relative error (0.01 = 1 %).
+fn percent(error: f64) -> String {
+    format!("{:+.2} %", error * 100.0)
+}
+
+/// Where there is no figure.
+fn none() -> String {
+    "—".into()
 }

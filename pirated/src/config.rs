@@ -177,6 +177,7 @@ pub struct PirateConfig {
     pub straggler_share: f64,
     pub min_break_time_share: f64,
     pub round_trip_floor: f64,
+    pub round_trip_slack: Dur,
     pub multiplexed_time_share: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
@@ -284,6 +285,7 @@ impl Default for PirateConfig {
             straggler_share: 0.05,
             min_break_time_share: 0.25,
             round_trip_floor: 0.8,
+            round_trip_slack: Dur(Duration::from_micros(300)),
             multiplexed_time_share: 0.75,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
@@ -555,6 +557,7 @@ impl Config {
             },
             acked_marks: p.mark_acked,
             round_trip_floor: p.round_trip_floor,
+            round_trip_slack_ns: p.round_trip_slack.as_nanos() as f64,
             multiplexed_time_share: p.multiplexed_time_share,
             epsilon: self.params().epsilon(),
         }

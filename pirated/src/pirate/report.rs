@@ -151,6 +151,8 @@ impl EpochReport {
                     .collect(),
                 discarded: f.discarded,
                 idle_gaps: f.idle_gaps,
+                acked_gaps: f.acked_gaps,
+                handshake_rtt_ns: (f.handshake_rtt_ns > 0).then_some(f.handshake_rtt_ns),
             };
             serde_json::to_writer(&mut *out, &line)?;
             out.write_all(b"\n")?;
@@ -257,6 +259,10 @@ struct FlowLine {
     discarded: u64,
     /// Gaps at or above the idle floor (idle periods, retransmission timeouts), not in `modes`.
     idle_gaps: u64,
+    /// Gaps across which the client's acknowledgement number advanced (TCP).
+    acked_gaps: u16,
+    /// The TCP handshake's round trip; null where pirated did not see it.
+    handshake_rtt_ns: Option<u32>,
 }
 
 #[derive(Serialize)]

@@ -65,25 +65,28 @@ impl EpochReport {
         let wanted = |which| compare || estimator == which;
         let (want_paper, want_batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
         let Scratch { mut estimates, mut spans } = scratch;
-        // One pass over the flows, on every CPU: each flow's estimates, added to its server's.
+        // One pass over the flows, on every CPU: each flow's estimates, added to its server's,
+        // and the selected estimator's withheld figures (rare) by server and by reason.
         #[derive(Default)]
         struct Share {
             servers: Numbering,
             discarded: u64,
+            withheld: Vec<(SocketAddr, NoFigure)>,
         }
         let shares = crate::parallel::fold_into(&flows, &mut estimates, Share::default, |share, flow| {
             let modes = flow.modes();
             let est = settings.flow(flow, &modes, want_paper, want_batches);
             share.discarded += flow.discarded;
-            Estimates { server: share.servers.add(server(&flow.key), &modes, &est), ..est }
-        });
-        // Withheld figures are rare: one pass that touches a field per flow finds them.
-        let (mut servers, mut withheld) = (BTreeMap::new(), [0; NoFigure::ALL.len()]);
-        for (flow, est) in flows.iter().zip(&estimates) {
+            let at = server(&flow.key);
             if let Some(reason) = est.withheld(estimator) {
-                *servers.entry(server(&flow.key)).or_insert(0) += 1;
-                withheld[reason as usize] += 1;
+                share.withheld.push((at, reason));
             }
+            Estimates { server: share.servers.add(at, &modes, &est), ..est }
+        });
+        let (mut servers, mut withheld) = (BTreeMap::new(), [0; NoFigure::ALL.len()]);
+        for &(at, reason) in shares.iter().flat_map(|s| &s.withheld) {
+            *servers.entry(at).or_insert(0) += 1;
+            withheld[reason as usize] += 1;
         }
         let discarded = shares.iter().map(|s| s.discarded).sum();
         let numberings: Vec<Numbering> = shares.into_iter().map(|s| s.servers).collect();
@@ -161,7 +164,8 @@ impl EpochReport {
         let withheld =
             |at| self.withheld_servers.binary_search_by_key(&at, |w| w.0).map_or(0, |i| self.withheld_servers[i].1);
         // Servers with a figure, then those whose every flow had its figure withheld.
-        let without = self.withheld_servers.iter().filter(|w| !self.servers().iter().any(|s| s.server == w.0));
+        let without =
+            self.withheld_servers.iter().filter(|w| self.servers().binary_search_by_key(&w.0, |s| s.server).is_err());
         let lines = self.servers().iter().map(|s| (s.server, Some(s))).chain(without.map(|w| (w.0, None)));
         for (at, s) in lines {
             let line = ServerLine {

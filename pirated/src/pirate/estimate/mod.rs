@@ -96,6 +96,15 @@ impl Settings {
         let ((paper, paper_withheld), (batches, batches_withheld)) = (held(paper), held(batches));
         Estimates { paper, batches, paper_withheld, batches_withheld, server: 0 }
     }
+
+    /// Whether responses arrive while the flow's batches are sent (twice as many gaps with new
+    /// data acknowledged as batches, a count that saturates at 65535) and yet its batch-ending
+    /// gaps hold less than [`Settings::multiplexed_time_share`] of its time.
+    fn interleaved(&self, flow: &FlowEpoch, modes: &[Mode], e: &FlowEstimate) -> bool {
+        let multiplexed = flow.acked_gaps as u64 >= (2 * e.batches).min(u16::MAX as u64);
+        let ends_ns: f64 = e.ends.of(modes).map(|(i, n)| modes[i].mean_ns() * n as f64).sum();
+        multiplexed && ends_ns < self.multiplexed_time_share * e.kept_ns as f64
+    }
 }
 
 /// Batch ends shorter than the round-trip floor allowed in an epoch with a figure: scheduling
@@ -109,21 +118,8 @@ fn below(floor_ns: f64, modes: &[Mode], e: &FlowEstimate) -> bool {
     e.estimate_ns < floor_ns || short as f64 > SHORT_ENDS_SHARE * e.batches as f64
 }
 
-impl Settings {
-    /// Whether responses arrive while the flow's batches are sent (twice as many gaps with new
-    /// data acknowledged as batches, a count that saturates at 65535) and yet its batch-ending
-    /// gaps hold less than [`Settings::multiplexed_time_share`] of its time.
-    fn interleaved(&self, flow: &FlowEpoch, modes: &[Mode], e: &FlowEstimate) -> bool {
-        let multiplexed = flow.acked_gaps as u64 >= (2 * e.batches).min(u16::MAX as u64);
-        let ends_ns: f64 =
-            e.ends.of(modes).map(|(i, n)| modes[i].sum_ns as f64 * n as f64 / modes[i].count.max(1) as f64).sum();
-        multiplexed && ends_ns < self.multiplexed_time_share * e.kept_ns as f64
-    }
-}
-
 /// Why a flow with gaps has no figure from an estimator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoFigure {
     /// The estimate, or more than a few of the batch ends, shorter than the connection's
     /// handshake round trip allows: no response comes back that fast, so those gaps are between
@@ -232,11 +228,10 @@ impl Ends {
 
 #[cfg(test)]
 mod tests {
-    use pirate_common::parse::IPPROTO_TCP;
     use pirate_common::{
         key::FlowKey,
         parse::IPPROTO_UDP,
-        pirate::{config::MODES_COMPACT, flow::FlowState},
+        pirate::{config::MODES_COMPACT, flow::FlowState, grid},
     };
 
     use super::*;
@@ -303,6 +298,19 @@ mod tests {
         assert!(err(capped.3) < err(alg2.3), "p99: Alg. 2 {} capped {} truth {truth}", alg2.3, capped.3);
     }
 
+    /// A TCP flow's epoch of `gaps` (gap in ns, how many), with its handshake's round trip (0:
+    /// not seen) and its gaps across which the acknowledgement number advanced.
+    fn tcp_epoch(gaps: &[(u32, usize)], rtt_ns: u32, acked_gaps: u16) -> FlowEpoch {
+        let eps = Config::default().estimation().epsilon;
+        let mut st = FlowState::<MODES_COMPACT>::new(1);
+        for &(gap, n) in gaps {
+            (0..n).for_each(|_| _ = st.modes.insert(gap, true, eps, MODES_COMPACT as u32));
+        }
+        st.handshake_rtt = grid::encode(rtt_ns);
+        st.acked_gaps = acked_gaps;
+        FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st)
+    }
+
     /// Batches 2.6 ms apart on a connection whose handshake took 5.1 ms: interleaved streams,
     /// withheld by both estimators, with the reason; at 3.9 ms (above 0.8 of it less 0.3 ms),
     /// or with no handshake seen, or with the floor off, the figure stands.
@@ -310,12 +318,7 @@ mod tests {
     fn a_figure_below_the_handshakes_round_trip_is_withheld() {
         let settings = Config::default().estimation();
         assert_eq!(settings.round_trip_floor, 0.8);
-        let flow = |gap: u32, rtt: u32| {
-            let mut st = FlowState::<MODES_COMPACT>::new(1);
-            (0..200).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
-            st.handshake_rtt = pirate_common::pirate::grid::encode(rtt);
-            FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st)
-        };
+        let flow = |gap: u32, rtt: u32| tcp_epoch(&[(gap, 200)], rtt, 0);
         let figures = |f: &FlowEpoch, s: &Settings| {
             let e = s.flow(f, &f.modes(), true, true);
             [e.paper.map(|e| e.estimate_ns.round()), e.batches.map(|e| e.estimate_ns.round())]
@@ -329,12 +332,7 @@ mod tests {
         // Streams out of step for a part of the epoch: 9 % of the batch ends short, the mean
         // above the floor. 3 % short is noise.
         let mixed = |short: usize| {
-            let mut st = FlowState::<MODES_COMPACT>::new(1);
-            for (gap, n) in [(5_200_000, 1000), (2_500_000, short)] {
-                (0..n).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
-            }
-            st.handshake_rtt = pirate_common::pirate::grid::encode(5_100_000);
-            let f = FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st);
+            let f = tcp_epoch(&[(5_200_000, 1000), (2_500_000, short)], 5_100_000, 0);
             settings.flow(&f, &f.modes(), false, true).batches_withheld
         };
         assert_eq!((mixed(100), mixed(30)), (Some(NoFigure::BelowRoundTrip), None));
@@ -352,15 +350,7 @@ mod tests {
     #[test]
     fn a_multiplexed_flow_whose_batch_ends_hold_little_of_its_time_has_no_figure() {
         let settings = Config::default().estimation();
-        let mut st = FlowState::<MODES_COMPACT>::new(1);
-        for (gap, n) in [(100_000, 300), (1_000_000, 200), (4_000_000, 100)] {
-            (0..n).for_each(|_| _ = st.modes.insert(gap, true, settings.epsilon, MODES_COMPACT as u32));
-        }
-        let key = FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() };
-        let mut with_acks = |acked: u16| {
-            st.acked_gaps = acked;
-            FlowEpoch::from_state(key, &st)
-        };
+        let with_acks = |acked: u16| tcp_epoch(&[(100_000, 300), (1_000_000, 200), (4_000_000, 100)], 0, acked);
         let batches = |f: &FlowEpoch, s: &Settings| s.flow(f, &f.modes(), false, true);
         let stepped = batches(&with_acks(100), &settings);
         assert_eq!((stepped.batches.map(|e| e.batches), stepped.batches_withheld), (Some(100), None));

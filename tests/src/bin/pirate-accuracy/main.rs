@@ -37,6 +37,10 @@ struct Args {
     /// exactly as published, so that the paper's column is the paper's estimator unaltered.
     #[arg(long)]
     mode_span: Option<u32>,
+    /// A setting of pirated's `[pirate]` table for the run, as TOML (`modes = 12`,
+    /// `multiplexed_time_share = 0.85`); repeatable.
+    #[arg(long, value_name = "KEY = VALUE")]
+    pirate: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -51,7 +55,11 @@ fn main() -> Result<()> {
     if cases.is_empty() {
         bail!("no case matches {:?} (see --list)", args.case);
     }
-    let config = args.mode_span.map_or(String::new(), |span| format!("[pirate]\nmode_span = {span}\n"));
+    let mut config = String::from("[pirate]\n");
+    if let Some(span) = args.mode_span {
+        config += &format!("mode_span = {span}\n");
+    }
+    args.pirate.iter().for_each(|line| config += &format!("{line}\n"));
     let mut table = table::Table::new(args.runs);
     for (i, case) in cases.iter().enumerate() {
         let outcomes: Vec<_> = (1..=args.runs)

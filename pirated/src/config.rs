@@ -179,6 +179,7 @@ pub struct PirateConfig {
     pub round_trip_floor: f64,
     pub round_trip_slack: Dur,
     pub multiplexed_time_share: f64,
+    pub multiplexed_spread: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub skip_retransmissions: bool,
@@ -286,7 +287,8 @@ impl Default for PirateConfig {
             min_break_time_share: 0.25,
             round_trip_floor: 0.8,
             round_trip_slack: Dur(Duration::from_micros(300)),
-            multiplexed_time_share: 0.75,
+            multiplexed_time_share: 0.85,
+            multiplexed_spread: 0.2,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             skip_retransmissions: true,
@@ -430,6 +432,12 @@ impl Config {
                 return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {share}: must be in [0, 1]"));
             }
         }
+        if !(p.multiplexed_spread >= 0.0 && p.multiplexed_spread.is_finite()) {
+            return refuse(
+                &["pirate.multiplexed_spread"],
+                format!("pirate.multiplexed_spread = {}: must be 0 (off) or more", p.multiplexed_spread),
+            );
+        }
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             return refuse(
                 &["pirate.intra_batch_max", "pirate.idle_floor"],
@@ -559,6 +567,7 @@ impl Config {
             round_trip_floor: p.round_trip_floor,
             round_trip_slack_ns: p.round_trip_slack.as_nanos() as f64,
             multiplexed_time_share: p.multiplexed_time_share,
+            multiplexed_spread: p.multiplexed_spread,
             epsilon: self.params().epsilon(),
         }
     }
@@ -1110,6 +1119,7 @@ mod tests {
             ("[pirate]\n", "modes = 12", "modes = 13", "line 2: pirate.modes = 13: must be 1..=12"),
             ("[pirate]\n", "idle_floor = \"4s\"", "idle_floor = \"4000000001ns\"", "line 2: pirate.idle_floor = 4000000001ns:"),
             ("[pirate]\n", "mode_span = 64", "mode_span = 65", "line 2: pirate.mode_span = 65: must be 0 (unbounded) ..=64"),
+            ("[pirate]\n", "multiplexed_spread = 0", "multiplexed_spread = -0.1", "line 2: pirate.multiplexed_spread = -0.1: must be 0 (off) or more"),
             ("[fridge]\n", "fridges = [{ slots = 16777216, p = 1 }]", "fridges = [{ slots = 33554432, p = 1 }]",
                 "line 2: fridge.fridges[0].slots = 33554432: must be a power of two, 16..=16777216"),
             ("[fridge]\n", "fridges = [{ slots = 8388608, p = 1 }, { slots = 8388608, p = 1 }]",

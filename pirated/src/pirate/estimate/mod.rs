@@ -46,6 +46,9 @@ pub struct Settings {
     /// A multiplexed flow's batch-ending gaps must hold this share of its time, or its estimate
     /// is withheld ([`NoFigure::Interleaved`]); 0: never.
     pub multiplexed_time_share: f64,
+    /// Nor may they vary more than this (their coefficient of variation), or its estimate is
+    /// withheld likewise; 0: never.
+    pub multiplexed_spread: f64,
     /// Alg. 2's ε and span cap: modes closer than ε form the chains the estimators read.
     pub epsilon: Epsilon,
 }
@@ -97,13 +100,54 @@ impl Settings {
         Estimates { paper, batches, paper_withheld, batches_withheld, server: 0 }
     }
 
-    /// Whether responses arrive while the flow's batches are sent (twice as many gaps with new
-    /// data acknowledged as batches, a count that saturates at 65535) and yet its batch-ending
-    /// gaps hold less than [`Settings::multiplexed_time_share`] of its time.
+    /// Whether responses arrive while the flow's batches are sent ([`MULTIPLEXED_ACKS`] times as
+    /// many gaps with new data acknowledged as batches, a count that saturates at 65535) and yet
+    /// its batch-ending gaps hold less than [`Settings::multiplexed_time_share`] of its time, or
+    /// vary more than [`Settings::multiplexed_spread`]: streams in step wait one latency between
+    /// bursts, while interleaved groups leave gaps of every fraction of it, and some above a break.
     fn interleaved(&self, flow: &FlowEpoch, modes: &[Mode], e: &FlowEstimate) -> bool {
-        let multiplexed = flow.acked_gaps as u64 >= (2 * e.batches).min(u16::MAX as u64);
-        let ends_ns: f64 = e.ends.of(modes).map(|(i, n)| modes[i].mean_ns() * n as f64).sum();
-        multiplexed && ends_ns < self.multiplexed_time_share * e.kept_ns as f64
+        let multiplexed = flow.acked_gaps as f64 >= (MULTIPLEXED_ACKS * e.batches as f64).min(u16::MAX as f64);
+        let ends = Spread::of(e.ends.of(modes).map(|(i, n)| (&modes[i], n)));
+        let spread = self.multiplexed_spread > 0.0 && ends.variation() > self.multiplexed_spread;
+        multiplexed && (ends.sum_ns < self.multiplexed_time_share * e.kept_ns as f64 || spread)
+    }
+}
+
+/// Gaps with new data acknowledged per batch from which a TCP flow counts as multiplexed: a
+/// client with one request in flight acknowledges once per batch (its first request), and
+/// retransmissions and reordering add few.
+const MULTIPLEXED_ACKS: f64 = 1.5;
+
+/// The mean and variance of some modes' gaps, each mode's spread evenly between its min and max
+/// (all a mode knows of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Spread {
+    count: f64,
+    sum_ns: f64,
+    /// Σ gap², ns².
+    sum_sq: f64,
+}
+
+impl Spread {
+    /// Over (mode, how many of its gaps) pairs.
+    fn of<'a>(modes: impl Iterator<Item = (&'a Mode, u64)>) -> Spread {
+        modes.fold(Spread::default(), |s, (m, n)| {
+            let (n, mean, width) = (n as f64, m.mean_ns(), (m.max_ns - m.min_ns) as f64);
+            Spread {
+                count: s.count + n,
+                sum_ns: s.sum_ns + n * mean,
+                sum_sq: s.sum_sq + n * (mean * mean + width * width / 12.0),
+            }
+        })
+    }
+
+    /// The coefficient of variation (0 without gaps).
+    fn variation(&self) -> f64 {
+        if self.sum_ns <= 0.0 {
+            return 0.0;
+        }
+        let mean = self.sum_ns / self.count;
+        (self.sum_sq / self.count - mean * mean).max(0.0).sqrt() / mean
     }
 }
 
@@ -358,6 +402,27 @@ mod tests {
         assert_eq!((interleaved.batches, interleaved.batches_withheld), (None, Some(NoFigure::Interleaved)));
         let off = Settings { multiplexed_time_share: 0.0, ..settings };
         assert_eq!(batches(&with_acks(600), &off).batches, stepped.batches);
+    }
+
+    /// Bursts of requests 50 µs apart, and batch ends that hold 99 % of the time: all 12 ms
+    /// apart, or 10 and 16 ms (a coefficient of variation of 0.24). With 2.5 acknowledged gaps a
+    /// batch, the spread ones are interleaved groups and withheld; with one a batch (a client
+    /// with a request in flight whose server's time varies), or the spread test off, they stand.
+    #[test]
+    fn a_multiplexed_flow_whose_batch_ends_vary_widely_has_no_figure() {
+        let settings = Config::default().estimation();
+        let epoch = |ends: &[(u32, usize)], acked: u16| {
+            let mut gaps = vec![(50_000, 300)];
+            gaps.extend(ends);
+            tcp_epoch(&gaps, 0, acked)
+        };
+        let spread = [(10_000_000, 60), (16_000_000, 40)];
+        let withheld = |f: &FlowEpoch, s: &Settings| s.flow(f, &f.modes(), false, true).batches_withheld;
+        assert_eq!(withheld(&epoch(&[(12_000_000, 100)], 250), &settings), None);
+        assert_eq!(withheld(&epoch(&spread, 250), &settings), Some(NoFigure::Interleaved));
+        assert_eq!(withheld(&epoch(&spread, 100), &settings), None);
+        let off = Settings { multiplexed_spread: 0.0, ..settings };
+        assert_eq!(withheld(&epoch(&spread, 250), &off), None);
     }
 
     /// A 5 s epoch of one web-like connection under 1 % loss and 25 % reordering, as drained

@@ -3,11 +3,13 @@
 
 use std::{
     net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use pirate_tests::{
+    capture::Capture,
     clients::{h2load, redis_benchmark, wrk, ClientLatency},
     grpc,
     linkem::{EmuLink, LinkSpec},
@@ -169,8 +171,9 @@ pub fn all() -> Vec<Case> {
 
 impl Case {
     /// Builds the testbed, starts the server, the emulators and pirated, drives the client for
-    /// `secs` seconds and stops pirated (run with `config`'s extra lines of TOML).
-    pub fn run(&self, secs: u64, config: &str) -> Result<Outcome> {
+    /// `secs` seconds and stops pirated (run with `config`'s extra lines of TOML); keeps the
+    /// vantage point's capture of the client side's packets at `pcap`.
+    pub fn run(&self, secs: u64, config: &str, pcap: Option<&Path>) -> Result<Outcome> {
         let tb = OnePoint::with(Links {
             return_path: self.return_delay_ms.is_some(),
             client_side: self.client_side.is_some(),
@@ -217,6 +220,7 @@ impl Case {
         // One epoch longer than the run: pirated emits it, partial, when stopped, so the mean and
         // the quantiles cover the whole run.
         let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("epoch = \"{}s\"\n{config}", secs + 10))?;
+        let mut capture = pcap.map(|_| Capture::start(&tb.vp, VP_CLIENT_IF, &["-Q", "in"])).transpose()?;
         let duration = Duration::from_secs(secs);
         let truth = match self.client {
             Client::Web { conns, web_like } => web(&tb, addr, conns, web_like, duration)?,
@@ -233,6 +237,10 @@ impl Case {
             Client::Grpc { in_flight } => grpc::client(&tb.client, addr, in_flight, duration)?.into(),
         };
         let lines = pirated.stop()?;
+        if let (Some(capture), Some(to)) = (capture.as_mut(), pcap) {
+            capture.stop()?;
+            std::fs::copy(capture.path(), to).with_context(|| format!("keeping the capture as {}", to.display()))?;
+        }
         Ok(Outcome { truth, lines, server: addr.to_string() })
     }
 }

@@ -41,6 +41,10 @@ struct Args {
     /// `multiplexed_time_share = 0.85`); repeatable.
     #[arg(long, value_name = "KEY = VALUE")]
     pirate: Vec<String>,
+    /// Keep what the vantage point received from the client side in each run, as
+    /// DIR/<case number>-<run>.pcap (for `pirated replay`, or to study a wrong figure).
+    #[arg(long, value_name = "DIR")]
+    pcap: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
@@ -67,10 +71,15 @@ fn main() -> Result<()> {
                 let start = Instant::now();
                 let of_runs = if args.runs > 1 { format!(" (run {run}/{})", args.runs) } else { String::new() };
                 eprintln!("[{}/{}] {}{of_runs} …", i + 1, cases.len(), case.name);
-                let outcome = case.run(args.seconds, &config);
+                let pcap = args.pcap.as_ref().map(|dir| dir.join(format!("{}-{run}.pcap", i + 1)));
+                let outcome = case.run(args.seconds, &config, pcap.as_deref());
                 match &outcome {
                     Ok(o) => {
-                        eprintln!("      done in {:.1} s", start.elapsed().as_secs_f64());
+                        eprintln!(
+                            "      done in {:.1} s: the clients' mean {:.3} ms",
+                            start.elapsed().as_secs_f64(),
+                            o.truth.mean * 1e3
+                        );
                         if args.dump {
                             o.lines.iter().for_each(|l| eprintln!("{l}"));
                         }

@@ -11,7 +11,7 @@ mod table;
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -64,6 +64,9 @@ fn main() -> Result<()> {
         config += &format!("mode_span = {span}\n");
     }
     args.pirate.iter().for_each(|line| config += &format!("{line}\n"));
+    if let Some(dir) = &args.pcap {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let mut table = table::Table::new(args.runs);
     for (i, case) in cases.iter().enumerate() {
         let outcomes: Vec<_> = (1..=args.runs)

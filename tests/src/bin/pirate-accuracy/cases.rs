@@ -86,10 +86,11 @@ pub struct Case {
 }
 
 /// What a client measured itself: the mean and, where it has its own per-batch timings,
-/// quantiles (q, seconds).
+/// quantiles (q, seconds) and the timings themselves (seconds, ascending).
 pub struct Truth {
     pub mean: f64,
     pub quantiles: Vec<(f64, f64)>,
+    pub latencies: Vec<f64>,
 }
 
 /// A finished run: the truth, pirated's JSON lines, and the server (addr:port as pirated prints
@@ -247,7 +248,7 @@ impl Case {
 
 impl From<ClientLatency> for Truth {
     fn from(c: ClientLatency) -> Truth {
-        Truth { mean: c.mean, quantiles: Vec::new() }
+        Truth { mean: c.mean, quantiles: Vec::new(), latencies: Vec::new() }
     }
 }
 
@@ -271,8 +272,11 @@ fn web(tb: &OnePoint, addr: SocketAddr, conns: u64, web_like: bool, duration: Du
         pooled.batches.extend(run.batches.into_iter().filter(|b| b.1 < IDLE_FLOOR));
         pooled.requests += run.requests;
     }
+    let mut latencies: Vec<f64> = pooled.batches.iter().map(|b| b.1.as_secs_f64()).collect();
+    latencies.sort_by(f64::total_cmp);
     Ok(Truth {
         mean: pooled.mean_batch_latency(Duration::MAX).0,
         quantiles: QUANTILES.iter().map(|&q| (q, pooled.latency_quantile(q))).collect(),
+        latencies,
     })
 }

@@ -42,7 +42,9 @@ struct Args {
     #[arg(long, value_name = "KEY = VALUE")]
     pirate: Vec<String>,
     /// Keep what the vantage point received from the client side in each run, as
-    /// DIR/<case number>-<run>.pcap (for `pirated replay`, or to study a wrong figure).
+    /// DIR/<case number>-<run>.pcap (for `pirated replay`, or to study a wrong figure), and
+    /// where the client times its own batches, their latencies as DIR/<case number>-<run>.ms
+    /// (milliseconds, ascending, one a line): the truth to hold a replay to.
     #[arg(long, value_name = "DIR")]
     pcap: Option<std::path::PathBuf>,
 }
@@ -88,6 +90,17 @@ fn main() -> Result<()> {
                         }
                     }
                     Err(e) => eprintln!("      failed: {e:#}"),
+                }
+                let kept = match (&outcome, &pcap) {
+                    (Ok(o), Some(pcap)) if !o.truth.latencies.is_empty() => {
+                        let ms: String = o.truth.latencies.iter().map(|s| format!("{:.6}\n", s * 1e3)).collect();
+                        let to = pcap.with_extension("ms");
+                        std::fs::write(&to, ms).with_context(|| format!("writing {}", to.display()))
+                    }
+                    _ => Ok(()),
+                };
+                if let Err(e) = kept {
+                    eprintln!("      failed: {e:#}");
                 }
                 outcome
             })

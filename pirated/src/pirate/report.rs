@@ -90,7 +90,8 @@ impl EpochReport {
         }
         let discarded = shares.iter().map(|s| s.discarded).sum();
         let numberings: Vec<Numbering> = shares.into_iter().map(|s| s.servers).collect();
-        let [servers_paper, servers_batches] = per_server(&numberings, &flows, &estimates, &mut spans);
+        let [servers_paper, servers_batches] =
+            per_server(&numberings, &flows, &estimates, &mut spans, settings.epsilon);
         EpochReport {
             epoch,
             estimator,

@@ -3,6 +3,7 @@
 
 pub mod batches;
 pub mod chains;
+mod merged;
 pub mod paper;
 pub mod quantile;
 pub mod servers;

@@ -2,10 +2,13 @@
 //! The modes say where a flow's batch-ending gaps lie (each mode's [min, max], count and sum);
 //! the time inside batches is known per flow only as a mean, added to every batch. With the span
 //! cap (`pirate_common::pirate::modes::Epsilon::span`) modes are at most `mode_span` ε wide unless
-//! a full table had to merge or widen them, so their counts place the tail and the spread assumed
-//! within a mode matters little. Cost: linear in a server's flows and batch-ending modes, per epoch.
+//! a full table had to merge them, so their counts place the tail and the spread assumed within
+//! a mode matters little; the merged ones are placed by the server's other modes
+//! ([`super::merged`]). Cost: linear in a server's flows and batch-ending modes, per epoch.
 
-use super::FlowEstimate;
+use pirate_common::pirate::modes::Epsilon;
+
+use super::{merged, FlowEstimate};
 use crate::pirate::flow::Mode;
 
 /// The quantiles reported per server.
@@ -18,6 +21,8 @@ pub struct Span {
     pub hi_ns: f64,
     pub mean_ns: f64,
     pub count: u64,
+    /// Wider than the span cap: two or more modes a full table merged.
+    pub merged: bool,
 }
 
 /// One quantile's estimate and the bounds on it.
@@ -35,8 +40,8 @@ pub struct Quantile {
 
 /// Where one flow's batch-to-batch times lie, from the modes `est` took as batch ends: each
 /// batch-ending gap plus the flow's mean time inside a batch (exact with one request in flight,
-/// where it is zero).
-pub fn spans<'a>(modes: &'a [Mode], est: &'a FlowEstimate) -> impl Iterator<Item = Span> + 'a {
+/// where it is zero). `eps` is the modes' ε and span cap.
+pub fn spans<'a>(modes: &'a [Mode], est: &'a FlowEstimate, eps: Epsilon) -> impl Iterator<Item = Span> + 'a {
     // A mode only some of whose gaps end batches: those are taken to lie as its gaps do.
     let ends_ns: f64 = est.ends.of(modes).map(|(i, n)| modes[i].mean_ns() * n as f64).sum();
     let inside = (est.kept_ns as f64 - ends_ns).max(0.0) / est.batches.max(1) as f64;
@@ -47,6 +52,7 @@ pub fn spans<'a>(modes: &'a [Mode], est: &'a FlowEstimate) -> impl Iterator<Item
             hi_ns: m.max_ns as f64 + inside,
             mean_ns: m.mean_ns().clamp(m.min_ns as f64, m.max_ns as f64) + inside,
             count,
+            merged: !eps.spans(m.min_ns, m.max_ns),
         }
     })
 }
@@ -63,18 +69,30 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         v
     };
     let (los, his) = (sorted(|s| s.lo_ns), sorted(|s| s.hi_ns));
+    // The unmerged spans as they are, the merged ones' gaps where the server's gaps lie.
+    let parts: Vec<Part> = spans
+        .iter()
+        .filter(|s| !s.merged)
+        .map(|s| Part { lo_ns: s.lo_ns, hi_ns: s.hi_ns, mean_ns: s.mean_ns, count: s.count as f64 })
+        .chain(merged::place(spans).into_iter().map(|p| Part {
+            lo_ns: p.lo_ns,
+            hi_ns: p.hi_ns,
+            mean_ns: 0.5 * (p.lo_ns + p.hi_ns),
+            count: p.count,
+        }))
+        .collect();
     qs.iter()
         .map(|&q| {
             let rank = q * total as f64;
             let (lower_ns, upper_ns) = (weighted_rank(&los, rank), weighted_rank(&his, rank));
-            // The bisection stays inside the bounds: a span wholly below them counts all its gaps
-            // there, one wholly above none; only the spans across them need their shape.
+            // The bisection stays inside the bounds: a part wholly below them counts all its gaps
+            // there, one wholly above none; only the parts across them need their shape.
             let mut below = 0.0;
-            let across: Vec<Fit> = spans
+            let across: Vec<Fit> = parts
                 .iter()
                 .filter(|s| {
                     let wholly_below = s.hi_ns <= lower_ns;
-                    below += if wholly_below { s.count as f64 } else { 0.0 };
+                    below += if wholly_below { s.count } else { 0.0 };
                     !wholly_below && s.lo_ns < upper_ns
                 })
                 .map(Fit::new)
@@ -83,6 +101,15 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
             Quantile { q, estimate_ns, lower_ns, upper_ns }
         })
         .collect()
+}
+
+/// Some of a server's gaps, spread over [lo, hi] with mean `mean`: a span, or a piece of merged
+/// ones.
+struct Part {
+    lo_ns: f64,
+    hi_ns: f64,
+    mean_ns: f64,
+    count: f64,
 }
 
 /// The smallest value (of ascending `values` with counts) whose cumulative count reaches `rank`.
@@ -151,13 +178,13 @@ struct Fit {
 }
 
 impl Fit {
-    fn new(s: &Span) -> Fit {
+    fn new(s: &Part) -> Fit {
         let width = s.hi_ns - s.lo_ns;
         let r = if width > 0.0 { ((s.mean_ns - s.lo_ns) / width).clamp(0.0, 1.0) } else { 0.0 };
         let t = exponent_for_mean(r);
         let c = t.max(0.0);
         let e_c = (-c).exp();
-        let mut fit = Fit { lo: s.lo_ns, width, t, c, e_c, norm: 1.0, count: s.count as f64 };
+        let mut fit = Fit { lo: s.lo_ns, width, t, c, e_c, norm: 1.0, count: s.count };
         fit.norm = fit.scaled_g(t, (t - c).exp());
         fit
     }
@@ -265,7 +292,11 @@ mod tests {
     use crate::pirate::estimate::Ends;
 
     fn span(lo: f64, hi: f64, mean: f64, count: u64) -> Span {
-        Span { lo_ns: lo, hi_ns: hi, mean_ns: mean, count }
+        Span { lo_ns: lo, hi_ns: hi, mean_ns: mean, count, merged: false }
+    }
+
+    fn part(lo: f64, hi: f64, mean: f64) -> Part {
+        Part { lo_ns: lo, hi_ns: hi, mean_ns: mean, count: 1.0 }
     }
 
     #[test]
@@ -301,7 +332,7 @@ mod tests {
     #[test]
     fn the_distribution_function_and_density_match_their_integrals() {
         for r in [1e-7, 0.01, 0.2, 0.4, 0.6666, 0.66667, 0.7, 0.95, 0.9999] {
-            let f = Fit::new(&span(0.0, 1.0, r, 1));
+            let f = Fit::new(&part(0.0, 1.0, r));
             // The density ∝ y·e^(t·y), normalised by the midpoint rule, integrated to each y.
             let steps = 200_000;
             let h = 1.0 / steps as f64;
@@ -325,7 +356,7 @@ mod tests {
     #[test]
     fn the_fitted_density_keeps_the_mean() {
         for r in [1e-6, 0.001, 0.1, 0.3, 0.5, 0.7, 0.999, 1.0 - 1e-6] {
-            let f = Fit::new(&span(0.0, 1.0, r, 1));
+            let f = Fit::new(&part(0.0, 1.0, r));
             // ∫ (1 − F) over [0, 1] is the mean.
             let steps = 100_000;
             let mean: f64 =
@@ -362,7 +393,21 @@ mod tests {
             Mode { min_ns: 1_000_000, max_ns: 1_000_000, count: 2, candidates: 2, sum_ns: 2_000_000 },
         ];
         let est = FlowEstimate { estimate_ns: 1_040_000.0, batches: 2, kept_ns: 2_080_000, ends: Ends::all(1..2) };
-        let s: Vec<Span> = spans(&modes, &est).collect();
+        let s: Vec<Span> = spans(&modes, &est, Epsilon { abs_ns: 100_000, rel_q20: 0, span: 2 }).collect();
         assert_eq!(s, [span(1_040_000.0, 1_040_000.0, 1_040_000.0, 2)]);
+    }
+
+    /// A server's responses at 7.5–8.5 ms, its loss-recovery tail at 16–17 ms (5 gaps), and a
+    /// mode a full table merged across the cliff between (10 gaps of mean 11.6 ms, about 4 of them
+    /// in the tail): p99, the 10th slowest of 1000, lies at the top of the responses, not in the
+    /// empty 9–15 ms where a shape fitted to the merged mode alone puts it.
+    #[test]
+    fn p99_below_a_cliff_that_a_merged_mode_spans_lies_below_it() {
+        let merged = Span { merged: true, ..span(8.0e6, 17.0e6, 11.6e6, 10) };
+        let spans = [span(7.5e6, 8.5e6, 8.0e6, 985), span(16.0e6, 17.0e6, 16.5e6, 5), merged];
+        let p99 = quantiles(&spans, &[0.99])[0];
+        assert!(p99.estimate_ns > 8.0e6 && p99.estimate_ns < 9.0e6, "{p99:?}");
+        let unplaced = quantiles(&[spans[0], spans[1], Span { merged: false, ..merged }], &[0.99])[0];
+        assert!(unplaced.estimate_ns > 9.5e6, "{unplaced:?}");
     }
 }

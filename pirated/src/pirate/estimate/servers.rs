@@ -6,6 +6,7 @@
 use std::{collections::HashMap, mem::MaybeUninit, net::SocketAddr, ops::Range};
 
 use foldhash::fast::FixedState;
+use pirate_common::pirate::modes::Epsilon;
 
 use super::{
     quantile::{self, Quantile, Span, QUANTILES},
@@ -68,7 +69,7 @@ impl Numbering {
                 sums.kept_ns += e.kept_ns;
                 sums.batches += e.batches;
                 sums.flows += 1;
-                sums.spans += quantile::spans(modes, e).count();
+                sums.spans += e.ends.of(modes).count();
             }
         }
         self.len += 1;
@@ -85,6 +86,7 @@ pub fn per_server(
     flows: &[FlowEpoch],
     estimates: &[Estimates],
     spans: &mut Vec<Span>,
+    eps: Epsilon,
 ) -> [Vec<ServerEstimate>; 2] {
     // Every share's servers, renumbered over all of them, and their sums merged.
     let mut numbers: HashMap<SocketAddr, usize, FixedState> = HashMap::default();
@@ -143,7 +145,7 @@ pub fn per_server(
             }
             let modes = flow.modes();
             for (slot, e) in slots[est.server as usize].iter_mut().zip(found) {
-                for span in e.into_iter().flat_map(|e| quantile::spans(&modes, e)) {
+                for span in e.into_iter().flat_map(|e| quantile::spans(&modes, e, eps)) {
                     let (first, after) = std::mem::take(slot).split_first_mut().expect("a span counted");
                     first.write(span);
                     *slot = after;
@@ -231,7 +233,7 @@ mod tests {
             }
             shares.push(share);
         }
-        let got = per_server(&shares, &flows, &numbered, &mut Vec::new());
+        let got = per_server(&shares, &flows, &numbered, &mut Vec::new(), settings.epsilon);
 
         let mut by_server: BTreeMap<SocketAddr, Vec<usize>> = BTreeMap::new();
         (0..flows.len()).for_each(|i| by_server.entry(server(&flows[i].key)).or_default().push(i));
@@ -243,7 +245,7 @@ mod tests {
                         members.iter().filter_map(|&i| Some((i, estimates[i].of(which)?))).collect();
                     let spans: Vec<Span> = found
                         .iter()
-                        .flat_map(|&(i, e)| quantile::spans(&flows[i].modes(), e).collect::<Vec<_>>())
+                        .flat_map(|&(i, e)| quantile::spans(&flows[i].modes(), e, settings.epsilon).collect::<Vec<_>>())
                         .collect();
                     let (kept, batches) = found.iter().fold((0, 0), |(k, b), (_, e)| (k + e.kept_ns, b + e.batches));
                     (!found.is_empty()).then(|| ServerEstimate {

@@ -46,7 +46,8 @@ pub fn place(spans: &[Span]) -> Vec<Piece> {
         })
         .collect();
 
-    // Each merged mode: a gap at each bound, the rest inside with the mean they leave. Modes over
+    // Each merged mode: a gap at each bound, the rest inside with the mean they leave (a lone
+    // gap, a mode's only batch-ending one, at its mean). Modes over
     // the same bins with means within 1/1024 of their width are placed as one (a large server's
     // flows repeat their modes), so that the cost is bounded by the grid, not the flows.
     let mut bounds = vec![0.0; BINS];
@@ -54,8 +55,12 @@ pub fn place(spans: &[Span]) -> Vec<Piece> {
         .iter()
         .map(|s| {
             let (a, b) = (grid.bin(s.lo_ns), grid.bin(s.hi_ns));
-            bounds[a] += 1.0;
-            bounds[b] += 1.0;
+            if s.count == 1 {
+                bounds[grid.bin(s.mean_ns)] += 1.0;
+            } else {
+                bounds[a] += 1.0;
+                bounds[b] += 1.0;
+            }
             let rest = s.count as f64 - 2.0;
             let mean = if rest > 0.0 { (s.count as f64 * s.mean_ns - s.lo_ns - s.hi_ns) / rest } else { s.mean_ns };
             let mean = mean.clamp(s.lo_ns, s.hi_ns);
@@ -122,7 +127,7 @@ impl Grid {
             return None;
         }
         let step = (hi / lo).ln() / BINS as f64;
-        let mut grid = Grid { lo, hi, step, centers: Vec::with_capacity(BINS) };
+        let mut grid = Grid { lo, hi, step, centers: Vec::new() };
         grid.centers = (0..BINS).map(|i| 0.5 * (grid.edge(i) + grid.edge(i + 1))).collect();
         Some(grid)
     }
@@ -231,6 +236,9 @@ mod tests {
         assert!((total - 50.0).abs() < 1e-9 && (mean / 3.0e6 - 1.0).abs() < 0.005, "{total} {mean}");
         assert!(pieces[0].lo_ns == 2.0e6 && (pieces.last().unwrap().hi_ns / 6.0e6 - 1.0).abs() < 1e-12);
         assert!(place(&[span(2.0, 6.0, 3.0, 50, false)]).is_empty());
+        // A mode only one of whose gaps ends batches (acknowledgement marks): that one, at its mean.
+        let one = place(&[span(2.0, 6.0, 3.0, 1, true)]);
+        assert!(one.len() == 1 && one[0].count == 1.0 && one[0].lo_ns <= 3.0e6 && one[0].hi_ns > 3.0e6, "{one:?}");
     }
 
     #[test]

@@ -116,10 +116,9 @@ impl Settings {
 
 /// Gaps with new data acknowledged per batch from which a TCP flow counts as multiplexed: a
 /// client with one request in flight acknowledges once per batch (its first request), and
-/// retransmissions and reordering add none that count (0.99–1.00 in every such flow measured,
-/// under 1 % loss and 25 % reordering too), while streams multiplexed on a connection, even with
-/// a busy client's groups drifting apart until nearly every gap ends a batch, add some (1.06 and
-/// up).
+/// retransmissions and reordering add none that count, while streams multiplexed on a
+/// connection add some, even when they drift apart until nearly every gap ends a batch
+/// (measured in docs/accuracy.md).
 const MULTIPLEXED_ACKS: f64 = 1.03;
 
 /// The mean and variance of some modes' gaps, each mode's spread evenly between its min and max

@@ -88,19 +88,11 @@ fn main() -> Result<()> {
                         if args.dump {
                             o.lines.iter().for_each(|l| eprintln!("{l}"));
                         }
+                        if let Err(e) = pcap.as_deref().map_or(Ok(()), |pcap| keep_latencies(&o.truth, pcap)) {
+                            eprintln!("      failed: {e:#}");
+                        }
                     }
                     Err(e) => eprintln!("      failed: {e:#}"),
-                }
-                let kept = match (&outcome, &pcap) {
-                    (Ok(o), Some(pcap)) if !o.truth.latencies.is_empty() => {
-                        let ms: String = o.truth.latencies.iter().map(|s| format!("{:.6}\n", s * 1e3)).collect();
-                        let to = pcap.with_extension("ms");
-                        std::fs::write(&to, ms).with_context(|| format!("writing {}", to.display()))
-                    }
-                    _ => Ok(()),
-                };
-                if let Err(e) = kept {
-                    eprintln!("      failed: {e:#}");
                 }
                 outcome
             })
@@ -109,4 +101,14 @@ fn main() -> Result<()> {
     }
     println!("\n{}", table.render());
     Ok(())
+}
+
+/// Writes the client's own batch latencies, if it timed any, beside the capture at `pcap`.
+fn keep_latencies(truth: &cases::Truth, pcap: &std::path::Path) -> Result<()> {
+    if truth.latencies.is_empty() {
+        return Ok(());
+    }
+    let ms: String = truth.latencies.iter().map(|s| format!("{:.6}\n", s * 1e3)).collect();
+    let to = pcap.with_extension("ms");
+    std::fs::write(&to, ms).with_context(|| format!("writing {}", to.display()))
 }

@@ -62,6 +62,15 @@ pub fn marked(modes: &[Mode], b: &Break) -> Option<FlowEstimate> {
     estimate(kept, Ends::marked(kept))
 }
 
+/// The mean time between batch starts with every mode that reaches `floor_ns` ending batches:
+/// where no response comes back sooner (the handshake's round trip, one request in flight), the
+/// gaps wholly below it are the client's pacing, whatever break the modes alone show.
+pub fn from_floor(modes: &[Mode], b: &Break, floor_ns: f64) -> Option<FlowEstimate> {
+    let kept = kept(modes, b);
+    let first = kept.partition_point(|m| (m.max_ns as f64) < floor_ns);
+    estimate(kept, Ends::all(first..kept.len()))
+}
+
 /// The modes below the idle floor.
 fn kept<'a>(modes: &'a [Mode], b: &Break) -> &'a [Mode] {
     &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)]

@@ -178,10 +178,19 @@ fn http2_multiplexed_streams() -> Result<()> {
         let client = std::thread::scope(|s| {
             let run =
                 s.spawn(|| h2load(&tb.client, &format!("http://{SERVER_IP}/small"), streams, Duration::from_secs(3)));
-            // The gauge holds each epoch's count for a whole epoch: sampled more often, it misses none.
-            let mut most = 0.0f64;
-            while !run.is_finished() {
-                most = most.max(gauge(&pirated.metrics(&tb.vp)?));
+            // The gauge holds each epoch's count for a whole epoch (1 s): sampled more often, while
+            // h2load runs and until an epoch is published after it ends (the one it ended in),
+            // it misses none; pirated is stopped before the next.
+            let (mut most, mut epochs_at_end) = (0.0f64, None);
+            loop {
+                let text = pirated.metrics(&tb.vp)?;
+                most = most.max(gauge(&text));
+                let epochs = metric(&text, "pirated_epochs_total");
+                match epochs_at_end {
+                    None if run.is_finished() => epochs_at_end = Some(epochs),
+                    Some(at_end) if epochs > at_end => break,
+                    _ => {}
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
             anyhow::Ok((run.join().expect("h2load thread panicked")?, most))
@@ -194,7 +203,7 @@ fn http2_multiplexed_streams() -> Result<()> {
         let without: Vec<&Value> = lines.iter().filter(|v| v["type"] == "flow" && !v["no_figure"].is_null()).collect();
         assert!(without.iter().all(|v| reasons.iter().any(|r| v["no_figure"] == *r) && v["estimate_ns"].is_null()));
         assert_eq!(without.len() as u64, withheld, "flows without a figure, by flow and by server");
-        // An epoch withheld before the last was on the gauge while h2load ran.
+        // An epoch withheld before the last was on the gauge.
         let before_last = epochs.iter().rev().skip(1).any(|v| v["flows_without_figure"].as_u64() > Some(0));
         assert!(!before_last || most >= 1.0, "pirated_flows_without_figure never rose ({withheld} withheld)");
         let err = |e: f64| (e - truth.mean) / truth.mean * 100.0;

@@ -94,10 +94,12 @@ impl Settings {
         let (paper, batches) = self.estimate(flow.key.proto, modes, paper, batches);
         let floor = self.round_trip_floor * flow.handshake_rtt_ns as f64 - self.round_trip_slack_ns;
         let held = |e: Option<FlowEstimate>, at_floor: bool| match e {
-            Some(e) if below(floor, modes, &e) => match at_floor.then(|| self.one_in_flight(flow, modes, floor)) {
-                Some(Some(e)) => (Some(e), None),
-                _ => (None, Some(NoFigure::BelowRoundTrip)),
-            },
+            Some(e) if below(floor, modes, &e) => {
+                match at_floor.then(|| self.one_in_flight(flow, modes, floor)).flatten() {
+                    Some(e) => (Some(e), None),
+                    None => (None, Some(NoFigure::BelowRoundTrip)),
+                }
+            }
             Some(e) if self.interleaved(flow, modes, &e) => (None, Some(NoFigure::Interleaved)),
             e => (e, None),
         };
@@ -106,27 +108,30 @@ impl Settings {
     }
 
     /// The batches estimate with the round-trip floor as the break, where the flow's
-    /// acknowledgements say one request was in flight (fewer gaps with new data acknowledged than
-    /// [`MULTIPLEXED_ACKS`] times those batches): reordering that holds a request a millisecond
-    /// behind the one before stretches the client's pacing into a mode the break can take for
-    /// responses, and such a client's responses take at least a round trip.
+    /// acknowledgements say one request was in flight (not [`multiplexed`] over those batches):
+    /// reordering that holds a request a millisecond behind the one before stretches the client's
+    /// pacing into a mode the break can take for responses, and such a client's responses take at
+    /// least a round trip.
     fn one_in_flight(&self, flow: &FlowEpoch, modes: &[Mode], floor_ns: f64) -> Option<FlowEstimate> {
         let e = batches::from_floor(modes, &self.batches, floor_ns)?;
-        let single = (flow.acked_gaps as f64) < (MULTIPLEXED_ACKS * e.batches as f64).min(u16::MAX as f64);
-        (single && !below(floor_ns, modes, &e)).then_some(e)
+        (!multiplexed(flow, e.batches) && !below(floor_ns, modes, &e)).then_some(e)
     }
 
-    /// Whether responses arrive while the flow's batches are sent ([`MULTIPLEXED_ACKS`] times as
-    /// many gaps with new data acknowledged as batches, a count that saturates at 65535) and yet
+    /// Whether responses arrive while the flow's batches are sent ([`multiplexed`]) and yet
     /// its batch-ending gaps hold less than [`Settings::multiplexed_time_share`] of its time, or
     /// vary more than [`Settings::multiplexed_spread`]: streams in step wait one latency between
     /// bursts, while interleaved groups leave gaps of every fraction of it, and some above a break.
     fn interleaved(&self, flow: &FlowEpoch, modes: &[Mode], e: &FlowEstimate) -> bool {
-        let multiplexed = flow.acked_gaps as f64 >= (MULTIPLEXED_ACKS * e.batches as f64).min(u16::MAX as f64);
         let ends = Spread::of(e.ends.of(modes).map(|(i, n)| (&modes[i], n)));
         let spread = self.multiplexed_spread > 0.0 && ends.variation() > self.multiplexed_spread;
-        multiplexed && (ends.sum_ns < self.multiplexed_time_share * e.kept_ns as f64 || spread)
+        multiplexed(flow, e.batches) && (ends.sum_ns < self.multiplexed_time_share * e.kept_ns as f64 || spread)
     }
+}
+
+/// Whether the flow acknowledged data across [`MULTIPLEXED_ACKS`] times as many gaps as
+/// `batches` (a count that saturates at 65535): responses arrived while its batches were sent.
+fn multiplexed(flow: &FlowEpoch, batches: u64) -> bool {
+    flow.acked_gaps as f64 >= (MULTIPLEXED_ACKS * batches as f64).min(u16::MAX as f64)
 }
 
 /// Gaps with new data acknowledged per batch from which a TCP flow counts as multiplexed: a

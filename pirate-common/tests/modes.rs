@@ -299,8 +299,8 @@ fn a_span_cap_keeps_modes_narrow_and_a_full_table_merges_the_cheapest() {
     let mut alg2 = Modes::<10>::new();
     (100..=160).step_by(5).for_each(|g| _ = alg2.insert(g, false, E10, 10));
     assert_eq!((alg2.len, alg2.bounds(0)), (1, (100, 160)));
-    // Full (3 modes): a far gap gets a mode of its own, and the neighbours whose union is
-    // narrowest for the gaps it holds merge.
+    // Full (3 modes): a far gap gets a mode of its own, and the neighbours whose union costs
+    // least merge: the top two, 35 ns wide against 45, though they hold the table's top.
     assert_eq!(m.insert(1_000, false, eps, 3), Placed::Opened);
     let modes = listed(&m);
     assert_eq!(modes, vec![(100, 120, 5), (125, 160, 8), (1_000, 1_000, 1)]);
@@ -326,6 +326,20 @@ fn a_full_table_merges_pieces_of_one_mode_sparing_dense_ones() {
     // No pieces of one mode left: two lone modes merge (the cheapest), not the dense one.
     assert_eq!(m.insert(5_000, false, SPAN1, 4), Placed::Opened);
     assert_eq!(listed(&m), vec![(100, 131, 15), (1_000, 2_000, 2), (3_000, 3_000, 1), (5_000, 5_000, 1)]);
+}
+
+#[test]
+fn a_full_table_keeps_a_sparse_tail_apart_from_the_body() {
+    // ε = 10 ns, span 1: a body in two pieces (100–110, 33 gaps; 112–121, 30), two slow
+    // responses at 160 and two that waited for a retransmission at 400, full at 4. The sparse
+    // pair 160 + 400 is the narrowest union for the gaps it holds, but it holds the table's
+    // slowest 4 of 67, where p99 lies: the body's pieces merge instead, and the tail keeps its
+    // count.
+    let body = (100..=110).chain(112..=121).flat_map(|g| [g; 3]);
+    let mut m = four_capped(body.chain([160, 160, 400, 400]));
+    assert_eq!(listed(&m), vec![(100, 110, 33), (112, 121, 30), (160, 160, 2), (400, 400, 2)]);
+    assert_eq!(m.insert(10, false, SPAN1, 4), Placed::Opened);
+    assert_eq!(listed(&m), vec![(10, 10, 1), (100, 121, 63), (160, 160, 2), (400, 400, 2)]);
 }
 
 #[test]

@@ -232,19 +232,27 @@ impl<const M: usize> Modes<M> {
         Some(Placed::Opened)
     }
 
-    /// Merges the two adjacent modes whose union costs the quantiles least: its width in ε
-    /// times the gaps it holds (a quantile falls in a mode in proportion to its gaps, and is
-    /// placed within it to within its width): sparse tail modes merge with each other rather
-    /// than a dense mode widening over them, which would hide the tail, as discarding gaps would
-    /// lose it. Two modes further apart than ε merge only if that does not join two chains (each
-    /// chained to its other neighbour within ε): that would bridge two regimes into one chain,
-    /// which the estimators read as one mode. Found by value, not by index: the verifier prunes
-    /// states that differ in data it never branches on, not states that differ in a tracked
-    /// index (2^M paths). Returns whether it merged; needs two modes.
+    /// Merges the two adjacent modes whose union costs the quantiles least: the square of its
+    /// width in ε times the decades of tail it holds (about its gaps over the gaps at or above
+    /// its middle). A quantile is placed within a mode to within its width, and squared, a
+    /// union across a wide empty range (the break between gaps inside batches and the
+    /// responses, which the estimators need apart, or the cliff to a tail) costs more than a
+    /// few of the body's narrow pieces. The quantiles read (p50, p90, p99) lie evenly over
+    /// decades of the tail, not evenly over gaps: the few slowest gaps of a flow hold its p99 as
+    /// its dense modes hold p50, so a tail that stands apart from the body (requests that
+    /// waited for a retransmission) keeps its own count. Two modes further apart than ε merge
+    /// only if that does not join two chains (each chained to its other neighbour within ε):
+    /// that would bridge two regimes into one chain, which the estimators read as one mode.
+    /// Found by value, not by index: the verifier prunes states that differ in data it never
+    /// branches on, not states that differ in a tracked index (2^M paths). Returns whether it
+    /// merged; needs two modes.
     fn merge_cheapest(&mut self, eps: Epsilon) -> bool {
         let len = self.used();
-        // Saturated factors keep the product within a u64 (no 128-bit multiply in BPF).
-        let cost = |m: &Self, i: usize| {
+        // Slots past `len` hold zeros: summed without a branch on `len`.
+        let total: u64 = self.count.iter().map(|&n| n as u64).sum();
+        // Of modes i and i + 1, above `below` gaps. The clamped width (2^20 ε) squared, gaps
+        // below 2^17 and the scale keep the product within a u64 (no 128-bit multiply in BPF).
+        let cost = |m: &Self, i: usize, below: u64| {
             let chained = |a: usize| eps.close(m.bounds(a).1, m.bounds(a + 1).0);
             let chained_below = i >= 1 && chained(i - 1);
             let chained_above = i + 2 < len && chained(i + 1);
@@ -252,19 +260,29 @@ impl<const M: usize> Modes<M> {
                 return u64::MAX;
             }
             let (lo, hi) = (m.bounds(i).0, m.bounds(i + 1).1);
-            let gaps = (m.count[i] as u64 + m.count[i + 1] as u64).min(1 << 24);
-            let width_q8 = (((hi - lo) as u64) << 8) / eps.at(lo).max(1) as u64;
-            gaps * width_q8.min(1 << 40)
+            let gaps = m.count[i] as u64 + m.count[i + 1] as u64;
+            // `below + gaps` never exceeds the total; saturating would branch on data, and each
+            // such branch doubles the states the verifier walks.
+            let above = total.wrapping_sub(below + gaps);
+            let width_q4 = ((((hi - lo) as u64) << 4) / eps.at(lo).max(1) as u64).min(1 << 20);
+            // Odd, so never zero, and within one of the gaps at or above the union's middle.
+            ((gaps * width_q4 * width_q4) << 4) / ((above + gaps / 2) | 1)
         };
-        let mut best = cost(self, 0);
+        // The cheapest union is named by its lower mode's `lo` (distinct per mode), a value
+        // read from the map, so each cost is computed once.
+        let mut best = cost(self, 0, 0);
+        let mut best_lo = self.lo[0];
+        let mut below = self.count[0] as u64;
         for i in 1..M - 1 {
             if i + 1 >= len {
                 break;
             }
-            let c = cost(self, i);
+            let c = cost(self, i, below);
             if c < best {
                 best = c;
+                best_lo = self.lo[i];
             }
+            below += self.count[i] as u64;
         }
         let mut merged = false;
         for i in 0..M - 1 {
@@ -273,7 +291,7 @@ impl<const M: usize> Modes<M> {
             }
             if merged {
                 self.copy_slot(i + 1, i);
-            } else if best < u64::MAX && cost(self, i) == best {
+            } else if best < u64::MAX && self.lo[i] == best_lo {
                 self.absorb_next(i);
                 merged = true;
             }

@@ -13,8 +13,8 @@ use std::{
     net::{SocketAddr, TcpStream, UdpSocket},
     path::Path,
     process::Command,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+    time::{Duration, Instant},
 };
 
 use anyhow::{ensure, Context, Result};
@@ -230,9 +230,17 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     let filter = ["-Q", "in", "udp", "port", "9000"];
     let mut captures = [Capture::start(up.0, up.1, &filter)?, Capture::start(down.0, down.1, &filter)?];
     // Neighbours resolved first (the first packets would otherwise wait 400 ms for ARP across
-    // the emulator), and an interval for the points to meet.
+    // the emulator); then both points up and linked: `reporter` has reconciled an interval with
+    // U's record. Each point's banks are clean from the interval after the one it started in,
+    // so from the interval after that report on (a point that attaches a second chain before
+    // it starts may take seconds on a busy machine).
     sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
-    std::thread::sleep(Duration::from_millis(1200));
+    let linked = |l: &Value| l["type"] == "segment" && l["reason"] != NO_UPSTREAM;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !reporter.lines().iter().any(linked) {
+        ensure!(Instant::now() < deadline, "the points reconciled no interval within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let probes_run =
         Probes { count: 10_000, gap: Duration::from_micros(700), payload: 64, settle: Duration::from_millis(600) };
     let dst: SocketAddr = format!("{RECEIVER_IP}:{PORT}").parse()?;
@@ -382,7 +390,10 @@ fn one_pirated_on_two_ports_matches_the_captures() -> Result<()> {
 
 /// `pirated replay-segment` over the two captures, with a point's configuration: its lines.
 fn replay(config: &str, up: &Path, down: &Path) -> Result<Vec<Value>> {
-    let path = std::env::temp_dir().join(format!("pirated-replay-segment-{}.toml", std::process::id()));
+    // One file per call: the tests run side by side and each removes its own.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("pirated-replay-segment-{}-{call}.toml", std::process::id()));
     std::fs::write(&path, format!("interface = \"{UP_IF}\"\n{config}"))?;
     let out = Command::new(workspace_binary("pirated")?)
         .arg("replay-segment")

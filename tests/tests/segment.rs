@@ -14,7 +14,7 @@ use std::{
     path::Path,
     process::Command,
     sync::atomic::{AtomicBool, AtomicUsize, Ordering},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{ensure, Context, Result};
@@ -236,11 +236,7 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     // it starts may take seconds on a busy machine).
     sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
     let linked = |l: &Value| l["type"] == "segment" && l["reason"] != NO_UPSTREAM;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !reporter.lines().iter().any(linked) {
-        ensure!(Instant::now() < deadline, "the points reconciled no interval within 30 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    reporter.wait_for(Duration::from_secs(30), linked).context("the points reconciled no interval")?;
     let probes_run =
         Probes { count: 10_000, gap: Duration::from_micros(700), payload: 64, settle: Duration::from_millis(600) };
     let dst: SocketAddr = format!("{RECEIVER_IP}:{PORT}").parse()?;

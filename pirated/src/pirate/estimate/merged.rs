@@ -7,7 +7,7 @@
 //! together, this is Turnbull's self-consistent estimator for interval-censored data, with means;
 //! a few rounds settle it. Cost: the merged modes times the bins they cover, per round.
 
-use super::quantile::Span;
+use super::quantile::{Part, Span};
 
 /// Log-spaced bins over the merged modes' range (0.6 % wide over 4–20 ms).
 const BINS: usize = 256;
@@ -16,16 +16,9 @@ const BINS: usize = 256;
 /// merged ones spread evenly).
 const ROUNDS: usize = 3;
 
-/// Some of the merged modes' gaps, spread over [lo, hi].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Piece {
-    pub lo_ns: f64,
-    pub hi_ns: f64,
-    pub count: f64,
-}
-
-/// The gaps of `spans`' merged ones as pieces, one per bin holding any; none without any merged.
-pub fn place(spans: &[Span]) -> Vec<Piece> {
+/// The gaps of `spans`' merged ones as parts, one per bin holding any (at its middle); none
+/// without any merged.
+pub fn place(spans: &[Span]) -> Vec<Part> {
     let merged: Vec<&Span> = spans.iter().filter(|s| s.merged && s.hi_ns > s.lo_ns && s.count > 0).collect();
     let Some(grid) = Grid::over(&merged) else {
         return Vec::new();
@@ -96,7 +89,10 @@ pub fn place(spans: &[Span]) -> Vec<Piece> {
         .iter()
         .enumerate()
         .filter(|&(_, &n)| n > 0.0)
-        .map(|(i, &count)| Piece { lo_ns: grid.edge(i), hi_ns: grid.edge(i + 1), count })
+        .map(|(i, &count)| {
+            let (lo_ns, hi_ns) = (grid.edge(i), grid.edge(i + 1));
+            Part { lo_ns, hi_ns, mean_ns: 0.5 * (lo_ns + hi_ns), count }
+        })
         .collect()
 }
 
@@ -205,7 +201,7 @@ mod tests {
         Span { lo_ns: lo_ms * 1e6, hi_ns: hi_ms * 1e6, mean_ns: mean_ms * 1e6, count, merged }
     }
 
-    fn between(pieces: &[Piece], lo_ms: f64, hi_ms: f64) -> f64 {
+    fn between(pieces: &[Part], lo_ms: f64, hi_ms: f64) -> f64 {
         pieces.iter().filter(|p| p.lo_ns >= lo_ms * 1e6 && p.hi_ns <= hi_ms * 1e6).map(|p| p.count).sum()
     }
 
@@ -219,7 +215,7 @@ mod tests {
             [span(7.5, 8.5, 8.0, 300, false), span(16.0, 17.0, 16.5, 20, false), span(8.0, 17.0, 11.6, 10, true)];
         let pieces = place(&spans);
         let total: f64 = pieces.iter().map(|p| p.count).sum();
-        let mean: f64 = pieces.iter().map(|p| p.count * 0.5 * (p.lo_ns + p.hi_ns)).sum::<f64>() / total;
+        let mean: f64 = pieces.iter().map(|p| p.count * p.mean_ns).sum::<f64>() / total;
         assert!((total - 10.0).abs() < 1e-9, "{total}");
         assert!((mean / 11.6e6 - 1.0).abs() < 0.005, "mean {mean}");
         assert!(between(&pieces, 9.0, 15.0) < 0.05, "{pieces:?}");
@@ -232,7 +228,7 @@ mod tests {
     fn a_merged_mode_alone_keeps_its_count_mean_and_bounds() {
         let pieces = place(&[span(2.0, 6.0, 3.0, 50, true)]);
         let total: f64 = pieces.iter().map(|p| p.count).sum();
-        let mean: f64 = pieces.iter().map(|p| p.count * 0.5 * (p.lo_ns + p.hi_ns)).sum::<f64>() / total;
+        let mean: f64 = pieces.iter().map(|p| p.count * p.mean_ns).sum::<f64>() / total;
         assert!((total - 50.0).abs() < 1e-9 && (mean / 3.0e6 - 1.0).abs() < 0.005, "{total} {mean}");
         assert!(pieces[0].lo_ns == 2.0e6 && (pieces.last().unwrap().hi_ns / 6.0e6 - 1.0).abs() < 1e-12);
         assert!(place(&[span(2.0, 6.0, 3.0, 50, false)]).is_empty());

@@ -74,12 +74,7 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         .iter()
         .filter(|s| !s.merged)
         .map(|s| Part { lo_ns: s.lo_ns, hi_ns: s.hi_ns, mean_ns: s.mean_ns, count: s.count as f64 })
-        .chain(merged::place(spans).into_iter().map(|p| Part {
-            lo_ns: p.lo_ns,
-            hi_ns: p.hi_ns,
-            mean_ns: 0.5 * (p.lo_ns + p.hi_ns),
-            count: p.count,
-        }))
+        .chain(merged::place(spans))
         .collect();
     qs.iter()
         .map(|&q| {
@@ -105,11 +100,12 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
 
 /// Some of a server's gaps, spread over [lo, hi] with mean `mean`: a span, or a piece of merged
 /// ones.
-struct Part {
-    lo_ns: f64,
-    hi_ns: f64,
-    mean_ns: f64,
-    count: f64,
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Part {
+    pub lo_ns: f64,
+    pub hi_ns: f64,
+    pub mean_ns: f64,
+    pub count: f64,
 }
 
 /// The smallest value (of ascending `values` with counts) whose cumulative count reaches `rank`.

@@ -23,7 +23,7 @@ use super::{
     peer::Link,
     point::{Cache, Found, Point},
     rda,
-    reconcile::{reconcile, SegmentReport},
+    reconcile::{reconcile, SegmentReport, DOWNSTREAM_UNMEASURED, NO_UPSTREAM_STAMPS},
     wire::{Message, Record},
 };
 use crate::{
@@ -109,6 +109,8 @@ struct Pending {
     down: Option<Record>,
     stamps: HashMap<u64, u64>,
     requested: bool,
+    /// Asked upstream for timestamps, not yet answered.
+    awaiting: bool,
 }
 
 struct State {
@@ -199,6 +201,7 @@ impl State {
             Message::Stamps { interval, stamps } if !self.upstream => {
                 if let Some(p) = self.pending.get_mut(&interval) {
                     p.stamps.extend(stamps.into_iter().map(|s| (s.id, s.ts)));
+                    p.awaiting = false;
                 }
             }
             Message::Request { interval, ids } if self.upstream => {
@@ -226,6 +229,7 @@ impl State {
         p.requested = true;
         let lost = rda::decode(&self.shape.rda, &up.rda, &down.rda).lost;
         if !lost.is_empty() {
+            p.awaiting = true;
             let _ = self.link.outgoing.try_send(Message::Request { interval, ids: lost });
         }
     }
@@ -233,14 +237,13 @@ impl State {
     fn reconcile(&self, interval: u64, p: Pending) -> SegmentReport {
         // Upstream's record of an interval before this point's first.
         let Some(down) = p.down else {
-            return SegmentReport {
-                interval,
-                unmeasured: Some(super::reconcile::DOWNSTREAM_UNMEASURED),
-                ..Default::default()
-            };
+            return SegmentReport { interval, unmeasured: Some(DOWNSTREAM_UNMEASURED), ..Default::default() };
         };
         let found = Found { up: |id| p.stamps.get(&id).copied(), down: &self.cache, interval };
         let mut report = reconcile(&self.shape, p.up, down, &found);
+        if p.awaiting && report.unmeasured.is_none() {
+            report = SegmentReport { unmeasured: Some(NO_UPSTREAM_STAMPS), lda: None, rda: None, ..report };
+        }
         let end = (interval + 1) * self.shape.interval_ns;
         report.took = Duration::from_nanos(clock::now().saturating_sub(end));
         report

@@ -141,7 +141,7 @@ impl Metrics {
         r.register("intervals_measured", "Intervals with figures", m.measured.clone());
         r.register(
             "intervals_unmeasured",
-            "Intervals without figures, by reason: no record from the upstream point, or a point's banks not holding that interval alone (a restart, a late read)",
+            "Intervals without figures, by reason: no record from the upstream point, a point's banks not holding that interval alone (a restart, a late read), or no answer from the upstream point for the packets only it saw",
             m.unmeasured.clone(),
         );
         r.register("interval_processing_seconds", "From an interval's end to its report", m.processing.clone());

@@ -50,6 +50,10 @@ pub struct SegmentReport {
 pub const NO_UPSTREAM: &str = "no_upstream_record";
 pub const UPSTREAM_UNMEASURED: &str = "upstream_incomplete";
 pub const DOWNSTREAM_UNMEASURED: &str = "downstream_incomplete";
+/// The upstream point never answered for the packets only it saw (it stopped, or the link
+/// dropped): without their timestamps the packets late across the boundary, the slowest, would
+/// be left out of the delay.
+pub const NO_UPSTREAM_STAMPS: &str = "upstream_stamps_missing";
 
 impl SegmentReport {
     /// One JSON line (`"type": "segment"`); delays in nanoseconds.
@@ -130,13 +134,17 @@ fn repaired(
     let mut exact = Vec::new();
     let mut figures =
         RdaFigures { decoded: decoded.complete, extra: decoded.reordered.len() as u64, ..Default::default() };
+    // D's cache of the next interval tells late from lost; the delay also needs U's timestamp
+    // (without it the packet's buckets stay unusable, counted as unrepaired).
     for &id in &decoded.lost {
-        match (caches.up(id), caches.down_next(id)) {
-            (Some(sent), Some(arrived)) => {
+        match caches.down_next(id) {
+            Some(arrived) => {
                 figures.reordered += 1;
-                exact.push(arrived.wrapping_sub(sent) as i64 as f64);
+                if let Some(sent) = caches.up(id) {
+                    exact.push(arrived.wrapping_sub(sent) as i64 as f64);
+                }
             }
-            _ => figures.lost += 1,
+            None => figures.lost += 1,
         }
     }
     figures.unrepaired = rda::remove(shape, up, &decoded.lost, |id| caches.up(id))
@@ -212,8 +220,14 @@ mod tests {
         let truth = delivered.iter().sum::<f64>() / delivered.len() as f64;
         assert!((rda.estimate.figures.mean.unwrap() - truth).abs() < 1e-9, "{rda:?} vs {truth}");
         assert_eq!((report.packets_up, report.packets_down, report.unmeasured), (200, 199, None));
+        // Without U's timestamp the late one is still told from the lost one by D's cache of
+        // the next interval; its delay is unknown, its buckets unrepaired.
+        let unstamped =
+            Maps { up: maps.up.iter().filter(|&(&k, _)| k != id(late)).map(|(&k, &v)| (k, v)).collect(), ..maps };
+        let rda = reconcile(&shape, Some(record(&up)), record(&down), &unstamped).rda.unwrap();
+        assert_eq!((rda.lost, rda.reordered, rda.extra, rda.decoded, rda.unrepaired), (1, 1, 1, true, 1));
         // Without U's record the interval is reported unmeasured, with no figures.
-        let missing = reconcile(&shape, None, record(&down), &maps);
+        let missing = reconcile(&shape, None, record(&down), &unstamped);
         assert_eq!((missing.unmeasured, missing.lda, missing.rda), (Some(NO_UPSTREAM), None, None));
     }
 }

@@ -42,9 +42,10 @@ struct Args {
     #[arg(long, value_name = "KEY = VALUE")]
     pirate: Vec<String>,
     /// Keep what the vantage point received from the client side in each run, as
-    /// DIR/<case number>-<run>.pcap (for `pirated replay`, or to study a wrong figure), and
-    /// where the client times its own batches, their latencies as DIR/<case number>-<run>.ms
-    /// (milliseconds, ascending, one a line): the truth to hold a replay to.
+    /// DIR/<case number>-<run>.pcap (for `pirated replay`, or to study a wrong figure), with the
+    /// truth to hold a replay to beside it: the clients' mean latency as
+    /// DIR/<case number>-<run>.mean (milliseconds) and, where the client times its own batches,
+    /// their latencies as DIR/<case number>-<run>.ms (milliseconds, ascending, one a line).
     #[arg(long, value_name = "DIR")]
     pcap: Option<std::path::PathBuf>,
 }
@@ -103,12 +104,16 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Writes the client's own batch latencies, if it timed any, beside the capture at `pcap`.
+/// Writes the clients' mean latency and their own batch latencies, if they timed any, beside the
+/// capture at `pcap`.
 fn keep_latencies(truth: &cases::Truth, pcap: &std::path::Path) -> Result<()> {
+    let write = |ext: &str, text: String| {
+        let to = pcap.with_extension(ext);
+        std::fs::write(&to, text).with_context(|| format!("writing {}", to.display()))
+    };
+    write("mean", format!("{:.6}\n", truth.mean * 1e3))?;
     if truth.latencies.is_empty() {
         return Ok(());
     }
-    let ms: String = truth.latencies.iter().map(|s| format!("{:.6}\n", s * 1e3)).collect();
-    let to = pcap.with_extension("ms");
-    std::fs::write(&to, ms).with_context(|| format!("writing {}", to.display()))
+    write("ms", truth.latencies.iter().map(|s| format!("{:.6}\n", s * 1e3)).collect())
 }

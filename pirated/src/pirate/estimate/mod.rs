@@ -139,15 +139,17 @@ impl Settings {
 /// streams out of step with the rest, or one whole cycle of them that the break took for a wait
 /// inside a batch. Each could end a batch, so the figure could be that share too high.
 fn long_inside(floor_ns: f64, idle_floor_ns: u64, modes: &[Mode], e: &FlowEstimate) -> bool {
-    let long =
-        |i: usize| floor_ns > 0.0 && modes[i].min_ns as f64 >= floor_ns && (modes[i].max_ns as u64) < idle_floor_ns;
+    if floor_ns <= 0.0 {
+        return false;
+    }
+    let long = |i: usize| modes[i].min_ns as f64 >= floor_ns && (modes[i].max_ns as u64) < idle_floor_ns;
     let all: u64 = (0..modes.len()).filter(|&i| long(i)).map(|i| modes[i].count as u64).sum();
     let ends: u64 = e.ends.of(modes).filter(|&(i, _)| long(i)).map(|(_, n)| n).sum();
     (all - ends) as f64 > LONG_INSIDE_SHARE * e.batches as f64
 }
 
-/// See [`long_inside`]: at 5 %, the flows of the accuracy matrix whose streams kept in step and
-/// read within 5 % left at most 4.5 % (docs/accuracy.md).
+/// See [`long_inside`]: above what multiplexed flows in step leave (measured in
+/// docs/accuracy.md).
 const LONG_INSIDE_SHARE: f64 = 0.05;
 
 /// Whether the flow acknowledged data across [`MULTIPLEXED_ACKS`] times as many gaps as

@@ -89,7 +89,7 @@ fn main() -> Result<()> {
                         if args.dump {
                             o.lines.iter().for_each(|l| eprintln!("{l}"));
                         }
-                        if let Err(e) = pcap.as_deref().map_or(Ok(()), |pcap| keep_latencies(&o.truth, pcap)) {
+                        if let Err(e) = pcap.as_deref().map_or(Ok(()), |pcap| keep_truth(&o.truth, pcap)) {
                             eprintln!("      failed: {e:#}");
                         }
                     }
@@ -106,7 +106,7 @@ fn main() -> Result<()> {
 
 /// Writes the clients' mean latency and their own batch latencies, if they timed any, beside the
 /// capture at `pcap`.
-fn keep_latencies(truth: &cases::Truth, pcap: &std::path::Path) -> Result<()> {
+fn keep_truth(truth: &cases::Truth, pcap: &std::path::Path) -> Result<()> {
     let write = |ext: &str, text: String| {
         let to = pcap.with_extension(ext);
         std::fs::write(&to, text).with_context(|| format!("writing {}", to.display()))

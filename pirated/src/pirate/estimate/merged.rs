@@ -198,7 +198,7 @@ mod tests {
     use super::*;
 
     fn span(lo_ms: f64, hi_ms: f64, mean_ms: f64, count: u64, merged: bool) -> Span {
-        Span { lo_ns: lo_ms * 1e6, hi_ns: hi_ms * 1e6, mean_ns: mean_ms * 1e6, count, merged }
+        Span { lo_ns: lo_ms * 1e6, hi_ns: hi_ms * 1e6, mean_ns: mean_ms * 1e6, count, merged, whole: false }
     }
 
     fn between(pieces: &[Part], lo_ms: f64, hi_ms: f64) -> f64 {

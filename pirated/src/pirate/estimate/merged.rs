@@ -55,8 +55,7 @@ pub fn place(spans: &[Span]) -> Vec<Part> {
                 bounds[b] += 1.0;
             }
             let rest = s.count as f64 - 2.0;
-            let mean = if rest > 0.0 { (s.count as f64 * s.mean_ns - s.lo_ns - s.hi_ns) / rest } else { s.mean_ns };
-            let mean = mean.clamp(s.lo_ns, s.hi_ns);
+            let mean = s.inner_mean_ns();
             let class = ((mean - s.lo_ns) / (s.hi_ns - s.lo_ns) * 1024.0) as u32;
             Inner { a, b, class, count: rest.max(0.0), mean }
         })

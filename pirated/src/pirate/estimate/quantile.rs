@@ -27,6 +27,15 @@ pub struct Span {
     pub whole: bool,
 }
 
+impl Span {
+    /// The mean of its gaps but the two at its bounds, within them (its mean with two or fewer).
+    pub(super) fn inner_mean_ns(&self) -> f64 {
+        let n = self.count as f64;
+        let mean = if self.count > 2 { (n * self.mean_ns - self.lo_ns - self.hi_ns) / (n - 2.0) } else { self.mean_ns };
+        mean.clamp(self.lo_ns, self.hi_ns)
+    }
+}
+
 /// One quantile's estimate and the bounds on it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Quantile {
@@ -120,7 +129,7 @@ impl Part {
             [Some(at(s.mean_ns, n)), None, None]
         } else {
             let rest = (s.count > 2).then(|| {
-                let mean_ns = ((n * s.mean_ns - s.lo_ns - s.hi_ns) / (n - 2.0)).clamp(s.lo_ns, s.hi_ns);
+                let mean_ns = s.inner_mean_ns();
                 if s.count == 3 {
                     at(mean_ns, 1.0)
                 } else {

@@ -178,8 +178,7 @@ pub struct PirateConfig {
     pub min_break_time_share: f64,
     pub round_trip_floor: f64,
     pub round_trip_slack: Dur,
-    pub multiplexed_time_share: f64,
-    pub multiplexed_spread: f64,
+    pub multiplexed_short_share: f64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub skip_retransmissions: bool,
@@ -287,8 +286,7 @@ impl Default for PirateConfig {
             min_break_time_share: 0.25,
             round_trip_floor: 0.8,
             round_trip_slack: Dur(Duration::from_micros(300)),
-            multiplexed_time_share: 0.85,
-            multiplexed_spread: 0.2,
+            multiplexed_short_share: 0.08,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             skip_retransmissions: true,
@@ -426,17 +424,11 @@ impl Config {
             );
         }
         for (key, share) in
-            [("round_trip_floor", p.round_trip_floor), ("multiplexed_time_share", p.multiplexed_time_share)]
+            [("round_trip_floor", p.round_trip_floor), ("multiplexed_short_share", p.multiplexed_short_share)]
         {
             if !(0.0..=1.0).contains(&share) {
                 return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {share}: must be in [0, 1]"));
             }
-        }
-        if !(p.multiplexed_spread >= 0.0 && p.multiplexed_spread.is_finite()) {
-            return refuse(
-                &["pirate.multiplexed_spread"],
-                format!("pirate.multiplexed_spread = {}: must be 0 (off) or more", p.multiplexed_spread),
-            );
         }
         if p.intra_batch_max.0 >= p.idle_floor.0 {
             return refuse(
@@ -566,8 +558,7 @@ impl Config {
             acked_marks: p.mark_acked,
             round_trip_floor: p.round_trip_floor,
             round_trip_slack_ns: p.round_trip_slack.as_nanos() as f64,
-            multiplexed_time_share: p.multiplexed_time_share,
-            multiplexed_spread: p.multiplexed_spread,
+            multiplexed_short_share: p.multiplexed_short_share,
             epsilon: self.params().epsilon(),
         }
     }
@@ -1119,7 +1110,7 @@ mod tests {
             ("[pirate]\n", "modes = 12", "modes = 13", "line 2: pirate.modes = 13: must be 1..=12"),
             ("[pirate]\n", "idle_floor = \"4s\"", "idle_floor = \"4000000001ns\"", "line 2: pirate.idle_floor = 4000000001ns:"),
             ("[pirate]\n", "mode_span = 64", "mode_span = 65", "line 2: pirate.mode_span = 65: must be 0 (unbounded) ..=64"),
-            ("[pirate]\n", "multiplexed_spread = 0", "multiplexed_spread = -0.1", "line 2: pirate.multiplexed_spread = -0.1: must be 0 (off) or more"),
+            ("[pirate]\n", "multiplexed_short_share = 1", "multiplexed_short_share = 1.1", "line 2: pirate.multiplexed_short_share = 1.1: must be in [0, 1]"),
             ("[fridge]\n", "fridges = [{ slots = 16777216, p = 1 }]", "fridges = [{ slots = 33554432, p = 1 }]",
                 "line 2: fridge.fridges[0].slots = 33554432: must be a power of two, 16..=16777216"),
             ("[fridge]\n", "fridges = [{ slots = 8388608, p = 1 }, { slots = 8388608, p = 1 }]",

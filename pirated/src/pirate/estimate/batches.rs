@@ -71,6 +71,57 @@ pub fn from_floor(modes: &[Mode], b: &Break, floor_ns: f64) -> Option<FlowEstima
     estimate(kept, Ends::all(first..kept.len()))
 }
 
+/// A multiplexed flow's estimate, [`half_latency`], and what bounds its error.
+#[derive(Clone, Copy, Debug)]
+pub struct Halves {
+    pub estimate: FlowEstimate,
+    /// The share of the kept time in gaps from [`SHORT_FROM`] of the estimate to half of it: the
+    /// estimate is at most `short / (1 − short)` too high.
+    pub short: f64,
+    /// Batch ends below [`LONGER_HALF_BELOW`] of the estimate in excess of the short gaps, over
+    /// the batches: the longer half of a split cycle has its shorter half among the short gaps,
+    /// while two batch ends in one cycle (the estimate too low) have none.
+    pub unpaired: f64,
+}
+
+/// The mean time between batch starts of a flow whose streams are multiplexed on its connection.
+///
+/// Streams fall into groups: in step, one cycle of them is one wait of a latency `L`; two groups
+/// out of step split it into two gaps, `x` and `L − x`. Either way exactly one gap of each cycle
+/// is at least `L/2`, so the estimate is the largest `e` for which the kept time over the gaps of
+/// the modes whose mean is at least `e/2` is `e` itself. A cycle split three ways or more may
+/// have no such gap and go uncounted, its time held by its shorter gaps ([`Halves::short`]); a
+/// cycle split near its middle may have two ([`Halves::unpaired`]).
+pub fn half_latency(modes: &[Mode], b: &Break) -> Option<Halves> {
+    let kept = kept(modes, b);
+    let time = kept.iter().map(|m| m.sum_ns).sum::<u64>() as f64;
+    let mut gaps = 0u64;
+    let first = (0..kept.len()).rev().find(|&i| {
+        gaps += kept[i].count as u64;
+        let half = time / gaps as f64 / 2.0;
+        kept[i].mean_ns() >= half && (i == 0 || kept[i - 1].mean_ns() < half)
+    })?;
+    let estimate = estimate(kept, Ends::all(first..kept.len()))?;
+    let short_from = SHORT_FROM * estimate.estimate_ns;
+    let short = kept[..first].iter().filter(|m| m.mean_ns() >= short_from);
+    let (short_ns, short_gaps) = short.fold((0, 0), |(t, n), m| (t + m.sum_ns, n + m.count as u64));
+    let longer = kept[first..].iter().filter(|m| m.mean_ns() < LONGER_HALF_BELOW * estimate.estimate_ns);
+    let longer_gaps = longer.map(|m| m.count as u64).sum::<u64>();
+    Some(Halves {
+        estimate,
+        short: short_ns as f64 / time,
+        unpaired: longer_gaps.saturating_sub(short_gaps) as f64 / estimate.batches as f64,
+    })
+}
+
+/// Gaps shorter than this share of a multiplexed flow's latency are its client's pacing inside a
+/// burst of requests, not parts of a cycle split between groups of streams.
+const SHORT_FROM: f64 = 0.1;
+
+/// Batch ends of a multiplexed flow shorter than this share of its latency are the longer halves
+/// of split cycles (or two halves of one): streams in step wait about the latency itself.
+const LONGER_HALF_BELOW: f64 = 0.8;
+
 /// The modes below the idle floor.
 fn kept<'a>(modes: &'a [Mode], b: &Break) -> &'a [Mode] {
     &modes[..batch_break::kept::<_, MODES_WIDE>(&ModeSlice(modes), b.idle_floor_ns)]

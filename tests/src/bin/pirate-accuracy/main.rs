@@ -38,7 +38,7 @@ struct Args {
     #[arg(long)]
     mode_span: Option<u32>,
     /// A setting of pirated's `[pirate]` table for the run, as TOML (`modes = 12`,
-    /// `multiplexed_time_share = 0.85`); repeatable.
+    /// `multiplexed_short_share = 0.05`); repeatable.
     #[arg(long, value_name = "KEY = VALUE")]
     pirate: Vec<String>,
     /// Keep what the vantage point received from the client side in each run, as

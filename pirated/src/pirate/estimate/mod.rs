@@ -8,7 +8,7 @@ pub mod paper;
 pub mod quantile;
 pub mod servers;
 
-use std::ops::Range;
+use std::{cell::OnceCell, ops::Range};
 
 use serde::{Deserialize, Serialize};
 
@@ -95,20 +95,21 @@ impl Settings {
     pub fn flow(&self, flow: &FlowEpoch, modes: &[Mode], paper: bool, batches: bool) -> Estimates {
         let (paper, batches) = self.estimate(flow.key.proto, modes, paper, batches);
         let floor = self.round_trip_floor * flow.handshake_rtt_ns as f64 - self.round_trip_slack_ns;
-        let half = self.multiplexed_figure(modes, floor);
+        let halves = OnceCell::new();
+        let half = || *halves.get_or_init(|| self.multiplexed_figure(modes, floor));
         let mux = |e: &FlowEstimate| multiplexed(flow, e.batches);
         let batches = batches.map(|e| match e {
             e if below(floor, modes, &e) => match batches::from_floor(modes, &self.batches, floor) {
-                Some(f) if mux(&f) => half,
+                Some(f) if mux(&f) => half(),
                 Some(f) if !below(floor, modes, &f) => Ok(f),
                 _ => Err(NoFigure::BelowRoundTrip),
             },
-            e if mux(&e) => half,
+            e if mux(&e) => half(),
             e => Ok(e),
         });
         let paper = paper.map(|p| match p {
             p if below(floor, modes, &p) => Err(NoFigure::BelowRoundTrip),
-            p if mux(&p) => half.and_then(|h| match (p.estimate_ns / h.estimate_ns - 1.0).abs() {
+            p if mux(&p) => half().and_then(|h| match (p.estimate_ns / h.estimate_ns - 1.0).abs() {
                 off if off > self.multiplexed_short_share => Err(NoFigure::Interleaved),
                 _ => Ok(p),
             }),

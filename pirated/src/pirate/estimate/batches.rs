@@ -82,6 +82,10 @@ pub struct Halves {
     /// the batches: the longer half of a split cycle has its shorter half among the short gaps,
     /// while two batch ends in one cycle (the estimate too low) have none.
     pub unpaired: f64,
+    /// The share of the kept time in gaps of [`LONG_FROM`] times the estimate or more: no wait
+    /// outlasts the latency by much, so such gaps say the estimate is a fraction of it (a cycle
+    /// split three ways or more, its groups meeting now and then in one wait of a latency).
+    pub long: f64,
 }
 
 /// The mean time between batch starts of a flow whose streams are multiplexed on its connection.
@@ -107,10 +111,13 @@ pub fn half_latency(modes: &[Mode], b: &Break) -> Option<Halves> {
     let (short_ns, short_gaps) = short.fold((0, 0), |(t, n), m| (t + m.sum_ns, n + m.count as u64));
     let longer = kept[first..].iter().filter(|m| m.mean_ns() < LONGER_HALF_BELOW * estimate.estimate_ns);
     let longer_gaps = longer.map(|m| m.count as u64).sum::<u64>();
+    let long = kept.iter().filter(|m| m.mean_ns() >= LONG_FROM * estimate.estimate_ns);
+    let long_ns = long.map(|m| m.sum_ns).sum::<u64>();
     Some(Halves {
         estimate,
         short: short_ns as f64 / time,
         unpaired: longer_gaps.saturating_sub(short_gaps) as f64 / estimate.batches as f64,
+        long: long_ns as f64 / time,
     })
 }
 
@@ -121,6 +128,10 @@ const SHORT_FROM: f64 = 0.1;
 /// Batch ends of a multiplexed flow shorter than this share of its latency are the longer halves
 /// of split cycles (or two halves of one): streams in step wait about the latency itself.
 const LONGER_HALF_BELOW: f64 = 0.8;
+
+/// Gaps this many times a multiplexed flow's estimate or more are longer than any of its waits
+/// should be: the modes of flows whose figure was right reach it by chance only.
+const LONG_FROM: f64 = 1.5;
 
 /// The modes below the idle floor.
 fn kept<'a>(modes: &'a [Mode], b: &Break) -> &'a [Mode] {

@@ -122,11 +122,16 @@ impl Settings {
 
     /// A multiplexed flow's figure, [`batches::half_latency`]: withheld below the round-trip
     /// floor, where its short gaps could hide more than [`Settings::multiplexed_short_share`] of
-    /// its cycles, or where more than [`UNPAIRED_SHARE`] of its batch ends have no shorter half.
+    /// its cycles, where more than [`UNPAIRED_SHARE`] of its batch ends have no shorter half, or
+    /// where more than [`LONG_SHARE`] of its time lies in gaps too long for the figure.
     fn multiplexed_figure(&self, modes: &[Mode], floor_ns: f64) -> Result<FlowEstimate, NoFigure> {
         match batches::half_latency(modes, &self.batches) {
             Some(h) if h.estimate.estimate_ns < floor_ns => Err(NoFigure::BelowRoundTrip),
-            Some(h) if h.short <= self.multiplexed_short_share && h.unpaired <= UNPAIRED_SHARE => Ok(h.estimate),
+            Some(h)
+                if h.short <= self.multiplexed_short_share && h.unpaired <= UNPAIRED_SHARE && h.long <= LONG_SHARE =>
+            {
+                Ok(h.estimate)
+            }
             _ => Err(NoFigure::Interleaved),
         }
     }
@@ -135,6 +140,10 @@ impl Settings {
 /// See [`batches::Halves::unpaired`]: above what streams in step leave by the noise of their
 /// waits (measured in docs/accuracy.md).
 const UNPAIRED_SHARE: f64 = 0.15;
+
+/// See [`batches::Halves::long`]: well above what flows read right hold there, well below what
+/// one read at a fraction of its latency held (measured in docs/accuracy.md).
+const LONG_SHARE: f64 = 0.05;
 
 /// Whether the flow acknowledged data across [`MULTIPLEXED_ACKS`] times as many gaps as
 /// `batches` (a count that saturates at 65535): responses arrived while its batches were sent.
@@ -520,6 +529,34 @@ mod tests {
         assert_eq!((e.batches, e.batches_withheld), (None, Some(NoFigure::Interleaved)));
         let off = batches::half_latency(&modes, &allowed.batches).unwrap();
         assert_eq!((off.estimate.batches, (off.estimate.estimate_ns / 1e5).round()), (513, 97.0));
+    }
+
+    /// h2c with 16 streams on one connection at 5 + 10 ms, live (the client's mean 15.6 ms): its
+    /// streams in three groups about a third of a cycle apart, so half the latency finds 765
+    /// batches of 6.5 ms, with few short gaps and most batch ends paired. But 19 % of its time
+    /// lies in gaps of 9.7–15.8 ms, 1.5–2.4 times that: waits no response that fast leaves, and
+    /// the figure is withheld.
+    #[test]
+    fn gaps_much_longer_than_the_figure_withhold_it() {
+        let modes = as_drained(&[
+            (9_640, 9_640, 1, 9_640),
+            (10_052, 301_696, 508, 40_558_336),
+            (304_512, 1_337_344, 77, 52_641_882),
+            (1_338_368, 2_825_216, 67, 135_876_027),
+            (2_874_368, 5_005_312, 121, 494_901_528),
+            (5_007_360, 6_881_280, 467, 2_490_597_841),
+            (6_914_048, 9_703_424, 100, 838_841_353),
+            (9_740_288, 11_735_040, 43, 450_233_429),
+            (11_804_672, 13_750_272, 10, 129_443_163),
+            (14_368_768, 15_785_984, 24, 367_579_534),
+        ]);
+        let settings = Config::default().estimation();
+        let half = batches::half_latency(&modes, &settings.batches).unwrap();
+        assert_eq!((half.estimate.batches, (half.estimate.estimate_ns / 1e5).round()), (765, 65.0));
+        assert!(half.short <= settings.multiplexed_short_share && half.unpaired <= UNPAIRED_SHARE, "{half:?}");
+        assert!(half.long > 0.15, "{half:?}");
+        let e = settings.flow(&tcp_epoch(&[], 5_107_712, 1390), &modes, false, true);
+        assert_eq!((e.batches, e.batches_withheld), (None, Some(NoFigure::Interleaved)));
     }
 
     /// h2c with 16 streams on one connection at 5 ms, as the datapath drained it live (one run

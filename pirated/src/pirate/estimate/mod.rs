@@ -181,9 +181,9 @@ pub enum NoFigure {
     /// estimator first tries the floor as its break: [`Settings::flow`].)
     BelowRoundTrip,
     /// Streams multiplexed on the connection (responses arrive while requests are sent) in three
-    /// groups or more out of step: cycles of them may have no gap of half a latency, and the
-    /// gaps they leave hold too much of the time to bound what those uncounted cycles add
-    /// ([`Settings::multiplexed_short_share`]).
+    /// groups or more out of step: cycles of them may have no gap of half a latency, or two, so
+    /// that counting them at half the latency cannot be trusted; its gaps say so
+    /// ([`Settings::multiplexed_figure`]).
     Interleaved,
 }
 

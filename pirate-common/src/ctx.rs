@@ -29,7 +29,7 @@ pub struct PacketCtx {
     pub key: FlowKey,
     /// Arrival, on the datapath's monotonic clock (`bpf_ktime_get_ns`; the capture's in replay).
     pub ts_ns: u64,
-    /// [`crate::hash::flow_hash`] of `key`.
+    /// [`FlowKey::flow_hash`](crate::key::FlowKey::flow_hash) of `key`.
     pub hash: u32,
     /// TCP sequence and acknowledgement numbers (0 for UDP).
     pub seq: u32,

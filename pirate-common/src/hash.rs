@@ -1,14 +1,10 @@
-//! The flow hash the root writes into every packet's context, and userspace recomputes: one
-//! function for both, so a flow lands in the same fridge, bank or backend on either side.
+//! The hashes of the datapath, over 64-bit words: the flow hash the root writes into every
+//! packet's context (and userspace recomputes: one function for both, so a flow lands in the
+//! same fridge, bank or backend on either side), the fridges' and Maglev's seeded hashes, and
+//! the digest of an IPv6 flow's addresses. A leaf: `key` reads its words through these.
 
-use crate::key::FlowKey;
-
-/// A 32-bit hash of the whole key: each 64-bit word multiplied in (a Fibonacci-hashing
-/// constant), the high bits folded down. Five multiplies: the root computes it for every packet.
-#[inline(always)]
-pub fn flow_hash(key: &FlowKey) -> u32 {
-    words_hash(0x5049_5241_5445_4421, key.words()) // "PIRATED!"
-}
+/// The flow hash's seed ("PIRATED!").
+pub const FLOW_SEED: u64 = 0x5049_5241_5445_4421;
 
 /// A 32-bit hash of `words` from `seed`: each word multiplied in, the high bits folded down.
 #[inline(always)]
@@ -24,13 +20,10 @@ fn mix(h: u64, w: &u64) -> u64 {
     h ^ (h >> 29)
 }
 
-/// An 80-bit digest of an IPv6 key's two addresses (64 bits, then 16 more), for [`FlowId`]: two
-/// independent 64-bit mixes of the four address words.
-///
-/// [`FlowId`]: crate::key::FlowId
+/// An 80-bit digest of `words` (64 bits, then 16 more): two independent 64-bit mixes. A flow id
+/// keeps it of an IPv6 flow's four address words.
 #[inline(always)]
-pub fn address_digest(key: &FlowKey) -> (u64, u16) {
-    let words = &key.words()[..4];
+pub fn digest(words: &[u64]) -> (u64, u16) {
     let a = words.iter().fold(0x5049_5241_5445_4436, mix);
     // The 16 more bits from a mix of their own (other constant, other shift).
     let b = words.iter().fold(0x7631_7265_7365_7276u64, |b, w| {
@@ -38,28 +31,4 @@ pub fn address_digest(key: &FlowKey) -> (u64, u16) {
         b ^ (b >> 31)
     });
     (a, b as u16)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Keys that differ in one field only hash apart, and the hash spreads them evenly over
-    /// buckets (what fridges and Maglev lookups rely on).
-    #[test]
-    fn spreads_keys_that_differ_in_one_field() {
-        const BUCKETS: usize = 64;
-        const KEYS: u32 = 64 * 1024;
-        let mut per_bucket = [0u32; BUCKETS];
-        for i in 0..KEYS {
-            let mut key = FlowKey { sport: (i & 0xffff) as u16, dport: 80, proto: 6, family: 4, ..FlowKey::default() };
-            key.src[..4].copy_from_slice(&[10, 0, (i >> 16) as u8, 1]);
-            per_bucket[flow_hash(&key) as usize % BUCKETS] += 1;
-        }
-        let expected = KEYS / BUCKETS as u32;
-        // Binomial std-dev is sqrt(1024 · 63/64) ≈ 32: 5 σ either side.
-        for (b, n) in per_bucket.iter().enumerate() {
-            assert!(n.abs_diff(expected) < 160, "bucket {b}: {n} keys, expected about {expected}");
-        }
-    }
 }

@@ -1,6 +1,8 @@
 //! The flow key every capability shares (the root writes it into the packet context and the
 //! flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
 
+use crate::hash::{digest, words_hash, FLOW_SEED};
+
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
@@ -35,6 +37,13 @@ impl FlowKey {
     pub fn words(&self) -> &[u64; 5] {
         // SAFETY: 8-byte aligned, 40 bytes of plain data without padding.
         unsafe { &*(self as *const FlowKey as *const [u64; 5]) }
+    }
+
+    /// A 32-bit hash of the whole key: what the root writes into every packet's context. Five
+    /// multiplies: the root computes it for every packet.
+    #[inline(always)]
+    pub fn flow_hash(&self) -> u32 {
+        words_hash(FLOW_SEED, self.words())
     }
 }
 
@@ -71,7 +80,7 @@ impl FlowId {
             digest_hi: 0,
         };
         if key.family == FAMILY_V6 {
-            let (lo, hi) = crate::hash::address_digest(key);
+            let (lo, hi) = digest(&key.words()[..4]);
             id.addrs = lo.to_le_bytes();
             id.digest_hi = hi;
         } else {
@@ -113,6 +122,25 @@ unsafe impl aya::Pod for FlowId {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys that differ in one field only hash apart, and the hash spreads them evenly over
+    /// buckets (what fridges and Maglev lookups rely on).
+    #[test]
+    fn spreads_keys_that_differ_in_one_field() {
+        const BUCKETS: usize = 64;
+        const KEYS: u32 = 64 * 1024;
+        let mut per_bucket = [0u32; BUCKETS];
+        for i in 0..KEYS {
+            let mut key = FlowKey { sport: (i & 0xffff) as u16, dport: 80, proto: 6, family: 4, ..FlowKey::default() };
+            key.src[..4].copy_from_slice(&[10, 0, (i >> 16) as u8, 1]);
+            per_bucket[key.flow_hash() as usize % BUCKETS] += 1;
+        }
+        let expected = KEYS / BUCKETS as u32;
+        // Binomial std-dev is sqrt(1024 · 63/64) ≈ 32: 5 σ either side.
+        for (b, n) in per_bucket.iter().enumerate() {
+            assert!(n.abs_diff(expected) < 160, "bucket {b}: {n} keys, expected about {expected}");
+        }
+    }
 
     fn key(family: u8, src: u8, sport: u16) -> FlowKey {
         let mut k = FlowKey { sport, dport: 443, proto: 6, family, ..FlowKey::default() };

@@ -6,7 +6,6 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
 use pirate_common::{
     counters,
     ctx::PARSED,
-    hash::flow_hash,
     parse::{parse, Frame, Reject},
 };
 
@@ -41,7 +40,7 @@ pub fn pirate_root(ctx: XdpContext) -> u32 {
     pkt.ts_ns = unsafe { bpf_ktime_get_ns() };
     match parsed {
         Ok(()) => {
-            pkt.hash = flow_hash(&pkt.key);
+            pkt.hash = pkt.key.flow_hash();
             pkt.outcome = PARSED;
             chain::from(&ctx, 0)
         }

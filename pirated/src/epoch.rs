@@ -20,6 +20,7 @@ use crate::{
     json::{JsonLines, Sent},
     metrics::Metrics,
     pirate::{
+        config::PirateConfig,
         estimate::{Estimator, Settings},
         report::{EpochReport, Scratch},
     },
@@ -36,8 +37,8 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(config: &Config, compare: bool) -> Pipeline {
-        Pipeline { settings: config.estimation(), estimator: config.pirate.estimator, compare }
+    pub fn new(config: &PirateConfig, compare: bool) -> Pipeline {
+        Pipeline { settings: config.settings(), estimator: config.estimator, compare }
     }
 
     /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime), into
@@ -53,7 +54,7 @@ impl Pipeline {
 /// came before) or measured nothing.
 pub fn replay(config: &Config, reader: CaptureReader, out: &mut impl Write) -> anyhow::Result<()> {
     let path = reader.path().to_owned();
-    let pipeline = Pipeline::new(config, true);
+    let pipeline = Pipeline::new(&config.pirate, true);
     let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
     let (mut flows, mut samples) = (0, 0);
     let summary = replay::run(config, reader, |mut data| {
@@ -139,7 +140,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let json = lines.is_some();
-    let pipeline = Pipeline::new(config, json);
+    let pipeline = Pipeline::new(&config.pirate, json);
     // SAFETY: the ring buffers' descriptors belong to `live`, which outlives these (this
     // function).
     let ring = unsafe { watch(live.records_fd(), "the hand-over ring buffer")? };

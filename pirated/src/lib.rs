@@ -16,3 +16,4 @@ pub mod pirate;
 pub mod rng;
 pub mod segment;
 pub mod source;
+pub mod value;

@@ -96,7 +96,7 @@ struct RunArgs {
     interface: Option<String>,
     /// XDP attach mode (overrides `attach_mode`).
     #[arg(long, value_enum)]
-    attach_mode: Option<pirated::config::AttachMode>,
+    attach_mode: Option<pirated::datapath::AttachMode>,
     /// Metrics listen address (overrides `metrics.listen`).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<std::net::SocketAddr>,
@@ -177,7 +177,7 @@ fn detach(path: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 fn detach_instance(config: &Config) -> anyhow::Result<()> {
-    if Datapath::detach(config)? {
+    if Datapath::detach(&config.datapath())? {
         eprintln!("pirated: detached instance {:?} and removed its pins in {}", config.instance, config.pin_root);
     } else {
         eprintln!("pirated: instance {:?} has nothing pinned in {}", config.instance, config.pin_root);
@@ -214,9 +214,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             true => Some(JsonLines::spawn().context("starting the JSON lines writer")?),
             false => None,
         };
-        let mut dp = Datapath::attach(&config)?;
+        let mut dp = Datapath::attach(&config.datapath())?;
+        let down = config.downstream_point().map(|d| d.datapath());
         let segment =
-            segment::live::spawn(&config, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines())).await?;
+            segment::live::spawn(&config.segment, down, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines()))
+                .await?;
         let mut live = Live::new(dp, &config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let result = epoch::run(&config, &mut live, metrics, lines.as_ref(), shutdown).await;

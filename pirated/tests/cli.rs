@@ -37,7 +37,10 @@ fn bad_config_names_the_line_and_key() {
     assert!(err.contains("line 4") && err.contains("epsilon"), "{err}");
     let cfg = temp_file("range.toml", b"[pirate]\nmodes = 40\n");
     let err = stderr(&pirated(&["check", "--config", cfg.to_str().unwrap()]));
-    assert!(err.contains("pirate.modes = 40") && err.contains(&format!("1..={}", pirated::config::MAX_MODES)), "{err}");
+    assert!(
+        err.contains("pirate.modes = 40") && err.contains(&format!("1..={}", pirated::pirate::config::MAX_MODES)),
+        "{err}"
+    );
     let err = stderr(&pirated(&["check", "--config", "/nonexistent/pirated.toml"]));
     assert!(err.contains("/nonexistent/pirated.toml"), "{err}");
 }

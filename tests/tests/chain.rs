@@ -97,7 +97,7 @@ fn outcomes(kernel: &[u64]) -> u64 {
 
 #[test]
 fn random_and_malformed_frames_pass_the_whole_chain_unchanged() -> Result<()> {
-    let dp = Datapath::load(&Config::default())?;
+    let dp = Datapath::load(&Config::default().datapath())?;
     let root = dp.root_fd()?.try_clone_to_owned()?;
     const CASES: u32 = 5000;
     let config = ProptestConfig { cases: CASES, failure_persistence: None, ..ProptestConfig::default() };
@@ -128,7 +128,7 @@ fn random_and_malformed_frames_pass_the_whole_chain_unchanged() -> Result<()> {
 /// returns), and the packet passes either way.
 #[test]
 fn an_empty_capability_slot_is_skipped_and_a_filled_one_taken() -> Result<()> {
-    let mut dp = Datapath::load(&Config::default())?;
+    let mut dp = Datapath::load(&Config::default().datapath())?;
     let udp = frame(0, false, false, &[7; 24], 32);
     let run = |dp: &Datapath| -> Result<[u64; counters::COUNT as usize]> {
         let before = dp.counters()?;
@@ -152,7 +152,7 @@ fn an_empty_capability_slot_is_skipped_and_a_filled_one_taken() -> Result<()> {
 /// fails, and the finished epoch reaches the hand-over ring.
 #[test]
 fn a_new_epoch_rolls_each_flow_over_once() -> Result<()> {
-    let mut dp = Datapath::load(&Config::default())?;
+    let mut dp = Datapath::load(&Config::default().datapath())?;
     let udp = frame(0, false, false, &[9; 24], 32);
     let mut records = pirated::pirate::drain::Records::take(&mut dp)?;
     let epoch = dp.epoch();
@@ -176,10 +176,10 @@ fn a_new_epoch_rolls_each_flow_over_once() -> Result<()> {
 /// verifier accepts: one past its budget would fail only when a user picked it.
 #[test]
 fn every_accepted_mode_count_loads() -> Result<()> {
-    for modes in [1, pirate_common::pirate::config::MODES_COMPACT as u32, pirated::config::MAX_MODES] {
+    for modes in [1, pirate_common::pirate::config::MODES_COMPACT as u32, pirated::pirate::config::MAX_MODES] {
         let mut config = Config::default();
         config.pirate.modes = modes;
-        let dp = Datapath::load(&config).with_context(|| format!("modes = {modes}"))?;
+        let dp = Datapath::load(&config.datapath()).with_context(|| format!("modes = {modes}"))?;
         for (program, walked) in dp.verified_instructions()? {
             eprintln!("modes = {modes}: {program} walked {walked:?} instructions");
         }

@@ -407,7 +407,8 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     ensure!(map_id(&dir.join("FLOWS"))? != flows, "the flow table of the old layout was reused");
     let marker = |pins: &[String]| pins.iter().filter(|p| p.starts_with("layout-")).cloned().collect::<Vec<_>>();
     let defaults = pirated::config::Config::default();
-    let (lda, rda) = defaults.segment.map_entries();
+    let segment = defaults.segment.spec();
+    let (lda, rda) = (segment.lda_entries, segment.rda_entries);
     let expected = format!(
         "layout-v{}-compact-flows1024-fridge{}-lb1x{}-segment{lda}x{rda}",
         pirate_common::maps::LAYOUT_VERSION,

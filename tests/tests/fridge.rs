@@ -21,8 +21,9 @@ use pirate_tests::{
     testbed::{metric, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
 use pirated::{
-    config::{Config, FridgeClass},
+    config::Config,
     datapath::{test_run::test_run, Datapath},
+    fridge::config::FridgeClass,
     fridge::{samples::Samples, table::FridgeTable},
 };
 
@@ -115,7 +116,7 @@ fn pair(dp: &Datapath, samples: &mut Samples, request: Vec<u8>, response: Vec<u8
 #[test]
 fn each_class_pairs_its_request_and_response() -> Result<()> {
     let all = [FridgeClass::TcpHandshake, FridgeClass::Dns, FridgeClass::IcmpEcho, FridgeClass::TcpFlow];
-    let mut dp = Datapath::load(&config(&all))?;
+    let mut dp = Datapath::load(&config(&all).datapath())?;
     let mut samples = Samples::take(&mut dp, config(&all).fridge.shape())?;
     let before = dp.counters()?;
     let (c, s) = ((CLIENT, 40000), (SERVER, 80));
@@ -163,7 +164,7 @@ fn each_class_pairs_its_request_and_response() -> Result<()> {
 
 #[test]
 fn disabled_classes_make_no_samples() -> Result<()> {
-    let mut dp = Datapath::load(&config(&[FridgeClass::Dns]))?;
+    let mut dp = Datapath::load(&config(&[FridgeClass::Dns]).datapath())?;
     let mut samples = Samples::take(&mut dp, config(&[FridgeClass::Dns]).fridge.shape())?;
     let (c, s) = ((CLIENT, 40001), (SERVER, 80));
     let got = pair(&dp, &mut samples, tcp(c, s, SYN, 1000, 0), tcp(s, c, SYN | ACK, 5000, 1001))?;
@@ -171,10 +172,10 @@ fn disabled_classes_make_no_samples() -> Result<()> {
     let got = pair(&dp, &mut samples, echo(CLIENT, SERVER, false, 1, 1), echo(SERVER, CLIENT, true, 1, 1))?;
     ensure!(got.is_empty(), "{got:?}");
     let off = Config {
-        fridge: pirated::config::FridgeConfig { enabled: false, ..Config::default().fridge },
+        fridge: pirated::fridge::config::FridgeConfig { enabled: false, ..Config::default().fridge },
         ..Config::default()
     };
-    let mut dp = Datapath::load(&off)?;
+    let mut dp = Datapath::load(&off.datapath())?;
     let mut samples = Samples::take(&mut dp, off.fridge.shape())?;
     let got = pair(
         &dp,
@@ -192,7 +193,7 @@ fn disabled_classes_make_no_samples() -> Result<()> {
 fn a_full_sample_ring_is_counted() -> Result<()> {
     let mut small = config(&[FridgeClass::Dns]);
     small.fridge.ring_bytes = 4096;
-    let mut dp = Datapath::load(&small)?;
+    let mut dp = Datapath::load(&small.datapath())?;
     let mut samples = Samples::take(&mut dp, small.fridge.shape())?;
     let before = dp.counters()?;
     const PAIRS: u16 = 300;

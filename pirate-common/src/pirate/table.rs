@@ -117,7 +117,7 @@ mod tests {
             let mut turned_away = 0;
             for i in 0..flows {
                 let key = FlowKey { sport: i as u16, dport: (i >> 16) as u16, ..FlowKey::default() };
-                let (a, b) = sets_of(crate::hash::flow_hash(&key), sets);
+                let (a, b) = sets_of(key.flow_hash(), sets);
                 assert!(a < sets && b < sets);
                 let pick = if choices && used[b as usize] < used[a as usize] { b } else { a } as usize;
                 match used[pick] {

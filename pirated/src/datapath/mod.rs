@@ -9,7 +9,9 @@ pub mod memlock;
 mod mmap;
 pub mod percpu;
 pub mod pins;
+mod privileges;
 pub mod segment;
+pub mod spec;
 pub mod table;
 pub mod test_run;
 
@@ -40,16 +42,14 @@ use pirate_common::{
 };
 use tracing::{info, warn};
 
-use crate::config::{AttachMode, Config, OnExit};
 use pins::PinDir;
+pub use privileges::NEEDS_ROOT;
+use privileges::{has_capability, CAP_PERFMON};
+pub use spec::{AttachMode, OnExit, Spec};
 use table::FlowTable;
 
 /// The XDP object built from `pirate-ebpf` by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
-
-/// The privileges pirated needs, for errors that come of lacking them.
-pub const NEEDS_ROOT: &str =
-    "pirated needs root, or CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and write access to /run/pirated";
 
 /// Where instances pin their maps and links unless `pin_root` says otherwise.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/pirated";
@@ -95,11 +95,11 @@ pub struct Datapath {
 pub const FIRST_EPOCH: u32 = 1;
 
 impl Datapath {
-    /// Loads the chain for `config` into the kernel, writes its parameters and fills `CHAIN`,
+    /// Loads the chain `spec` asks for into the kernel, writes its parameters and fills `CHAIN`,
     /// without attaching it anywhere, and with maps of its own (pinned while loading, in a
     /// directory removed at once): for benchmarks and tests. Errors say what to do: privileges,
     /// verifier log.
-    pub fn load(config: &Config) -> anyhow::Result<Datapath> {
+    pub fn load(spec: &Spec) -> anyhow::Result<Datapath> {
         static LOADS: AtomicU32 = AtomicU32::new(0);
         let root = Path::new(DEFAULT_PIN_ROOT);
         pins::ensure_bpffs(root)?;
@@ -107,32 +107,32 @@ impl Datapath {
         // bpffs refuses names with dots.
         let dir = root.join(format!("load-{}-{n}", std::process::id()));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let dp = Self::load_pinned(config, &dir, false);
+        let dp = Self::load_pinned(spec, &dir, false);
         fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         dp
     }
 
     /// Loads the chain with its maps pinned by name in `dir`: the ones there are reused, with the
     /// epoch they hold, if `reuse` (a restart); else created and pinned.
-    fn load_pinned(config: &Config, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
-        let layout = Layout::for_modes(config.pirate.modes);
-        let ring_bytes = ring_size(config.max_flows as usize, layout);
+    fn load_pinned(spec: &Spec, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
+        let (pirate, fridge, segment) = (&spec.pirate, &spec.fridge, &spec.segment);
+        let layout = pirate.layout;
+        let ring_bytes = ring_size(pirate.max_flows as usize, layout);
         // Before 5.11 the maps count against the locked-memory limit.
         let memlock = memlock::raise().ok().flatten();
-        let segment_entries = config.segment.map_entries();
         let mut ebpf = EbpfLoader::new()
             .map_pin_path(dir)
-            .set_max_entries(layout.flows_map(), sets_for(config.max_flows))
+            .set_max_entries(layout.flows_map(), sets_for(pirate.max_flows))
             .set_max_entries(layout.unused_flows_map(), 1)
-            .set_max_entries(maps::V6_NAMES, config.max_flows)
+            .set_max_entries(maps::V6_NAMES, pirate.max_flows)
             .set_max_entries(maps::RECORDS, ring_bytes)
-            .set_max_entries(maps::FRIDGE_SLOTS, config.fridge.shape().slots())
-            .set_max_entries(maps::FRIDGE_SAMPLES, config.fridge.ring_bytes)
-            .set_max_entries(maps::LB_RINGS, lb_ring_entries(config))
-            .set_max_entries(maps::LB_CONNS, config.lb.max_connections)
-            .set_max_entries(maps::SEGMENT_LDA, segment_entries.0)
-            .set_max_entries(maps::SEGMENT_RDA, segment_entries.1)
-            .set_max_entries(maps::SEGMENT_CACHE, config.segment.cache_ring_bytes)
+            .set_max_entries(maps::FRIDGE_SLOTS, fridge.shape.slots())
+            .set_max_entries(maps::FRIDGE_SAMPLES, fridge.ring_bytes)
+            .set_max_entries(maps::LB_RINGS, spec.lb.ring_entries)
+            .set_max_entries(maps::LB_CONNS, spec.lb.max_connections)
+            .set_max_entries(maps::SEGMENT_LDA, segment.lda_entries)
+            .set_max_entries(maps::SEGMENT_RDA, segment.rda_entries)
+            .set_max_entries(maps::SEGMENT_CACHE, segment.cache_ring_bytes)
             .load(OBJECT)
             .map_err(|e| match e {
                 aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
@@ -153,7 +153,7 @@ impl Datapath {
             bail!("the XDP object has no map {missing}: pirated and its datapath were built apart");
         }
         Array::<_, pirate_common::pirate::config::Params>::try_from(ebpf.map_mut(maps::CONFIG).unwrap())?
-            .set(0, config.params(), 0)
+            .set(0, pirate.params, 0)
             .context("writing CONFIG")?;
         let mut epochs = Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?;
         let epoch = if reuse {
@@ -198,14 +198,13 @@ impl Datapath {
             rings,
         };
         // Before the fridge is chained: it reads its shape from the first packet on.
-        dp.set_fridge_shape(config.fridge.shape())?;
+        dp.set_fridge_shape(spec.fridge.shape)?;
         dp.chain(Capability::Pirate, true)?;
-        dp.chain(Capability::Fridge, config.fridge.enabled)?;
-        let segment = config.segment.shape();
+        dp.chain(Capability::Fridge, spec.fridge.enabled)?;
         Array::<_, SegmentShape>::try_from(dp.ebpf.map_mut(maps::SEGMENT_SHAPE).unwrap())?
-            .set(0, segment, 0)
+            .set(0, spec.segment.shape, 0)
             .context("writing SEGMENT_SHAPE")?;
-        dp.chain(Capability::Segment, config.segment.enabled())?;
+        dp.chain(Capability::Segment, spec.segment.enabled)?;
         Ok(dp)
     }
 
@@ -246,12 +245,12 @@ impl Datapath {
     }
 
     /// Loads the chain, pins it under `<pin_root>/<instance>` and attaches it to
-    /// `config.interface`. What a previous run left there is taken over: maps of the same layout
+    /// `spec.interface`. What a previous run left there is taken over: maps of the same layout
     /// are reused (every flow keeps its epoch) and a chain still attached to the interface gets
     /// the new root in place (`bpf_link_update`), so no packet goes unmeasured. Errors say what
     /// to do: missing interface, privileges, verifier log.
-    pub fn attach(config: &Config) -> anyhow::Result<Datapath> {
-        let iface = &config.interface;
+    pub fn attach(spec: &Spec) -> anyhow::Result<Datapath> {
+        let iface = &spec.interface;
         if iface.is_empty() {
             bail!("no interface: set `interface` in the config or pass --interface");
         }
@@ -261,9 +260,9 @@ impl Datapath {
         if unsafe { libc::if_nametoindex(c_iface.as_ptr()) } == 0 {
             bail!("interface {iface:?} does not exist in this network namespace (see `ip link`)");
         }
-        let layout = layout_tag(config);
-        let (pins, reuse) = PinDir::open(Path::new(&config.pin_root), &config.instance, &layout)?;
-        let mut dp = Self::load_pinned(config, pins.path(), reuse)?;
+        let layout = spec.layout_tag();
+        let (pins, reuse) = PinDir::open(Path::new(&spec.pin_root), &spec.instance, &layout)?;
+        let mut dp = Self::load_pinned(spec, pins.path(), reuse)?;
         if !reuse {
             pins.mark(&layout)?;
         }
@@ -280,7 +279,7 @@ impl Datapath {
             root.attach_to_link(xdp).context("replacing the attached root program")?;
             "replaced in place"
         } else {
-            let (id, mode) = match attach(root, iface, config.attach_mode) {
+            let (id, mode) = match attach(root, iface, spec.attach_mode) {
                 Ok(attached) => attached,
                 Err(e) => {
                     if !reuse {
@@ -303,14 +302,14 @@ impl Datapath {
             maps = if reuse { "reused" } else { "new" },
             "attached"
         );
-        dp.pins = Some((pins, config.on_exit));
+        dp.pins = Some((pins, spec.on_exit));
         Ok(dp)
     }
 
     /// Detaches what `instance` left attached and pinned under `pin_root` (`pirated detach`);
     /// whether there was anything.
-    pub fn detach(config: &Config) -> anyhow::Result<bool> {
-        pins::remove_instance(Path::new(&config.pin_root), &config.instance)
+    pub fn detach(spec: &Spec) -> anyhow::Result<bool> {
+        pins::remove_instance(Path::new(&spec.pin_root), &spec.instance)
     }
 
     /// The epoch the datapath was in when loaded.
@@ -407,11 +406,6 @@ fn programs(layout: Layout) -> [&'static str; 6] {
     [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, lb::LB]
 }
 
-/// Entries of `LB_RINGS`: two rings per VIP (one entry without VIPs: maps are never empty).
-fn lb_ring_entries(config: &Config) -> u32 {
-    (config.lb.vips.len() as u32 * 2 * config.lb.ring_size).max(1)
-}
-
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {
     let with = |program: &mut Xdp, flags, name| {
         program.attach(iface, flags).map(|id| (id, name)).map_err(|e| {
@@ -467,45 +461,6 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
         }
         e => anyhow!(e).context(format!("loading the XDP program {name}")),
     }
-}
-
-/// CAP_PERFMON's number (Linux 5.8 on).
-const CAP_PERFMON: u32 = 38;
-
-/// Whether this process holds capability `cap` (effective, as /proc/self/status says); assumed
-/// held where that cannot be read.
-fn has_capability(cap: u32) -> bool {
-    let effective = fs::read_to_string("/proc/self/status").ok().and_then(|status| {
-        let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-        u64::from_str_radix(hex.trim(), 16).ok()
-    });
-    effective.is_none_or(|caps| caps & (1 << cap) != 0)
-}
-
-/// The layout `config` asks of the pinned maps, as the pin directory's marker names it: maps
-/// pinned with another one cannot be reused.
-fn layout_tag(config: &Config) -> String {
-    let layout = Layout::for_modes(config.pirate.modes);
-    let fridge_slots = config.fridge.shape().slots();
-    let (rings, conns) = (lb_ring_entries(config), config.lb.max_connections);
-    let (lda, rda) = config.segment.map_entries();
-    format!(
-        "v{}-{layout:?}-flows{}-fridge{fridge_slots}-lb{rings}x{conns}-segment{lda}x{rda}",
-        maps::LAYOUT_VERSION,
-        config.max_flows
-    )
-    .to_lowercase()
-}
-
-/// The longest path pirated makes under `pin_root` for `config` (or for its downstream point,
-/// with `segment.role = "both"`): the layout marker in the instance's directory, whose name
-/// (`pins::MARKER_PREFIX` and the tag) is longer than any map's (at most 15 bytes)
-/// or link's (`link-` and an interface name: at most 20). The kernel refuses a path of
-/// `PATH_MAX` bytes or more.
-pub(crate) fn longest_pin_path(config: &Config) -> usize {
-    let marker =
-        |c: &Config| c.pin_root.len() + 1 + c.instance.len() + 1 + pins::MARKER_PREFIX.len() + layout_tag(c).len();
-    config.downstream_point().map_or(0, |down| marker(&down)).max(marker(config))
 }
 
 /// The smallest ring buffer the kernel makes: a page (a ring's size must be a power of two and a

@@ -116,11 +116,19 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {
 /// Takes /run/pirated/<instance>.lock, so that a second daemon with the same instance name (and
 /// pin directory) fails instead of taking over the first one's chain.
 fn lock_instance(instance: &str) -> anyhow::Result<fs::File> {
-    fs::create_dir_all(LOCK_DIR).with_context(|| format!("creating {LOCK_DIR}"))?;
+    let refused =
+        |what: &str, e: &std::io::Error| format!("{what} was refused ({e}): {}", super::privileges::NEEDS_ROOT);
+    match fs::create_dir_all(LOCK_DIR) {
+        // A fresh host has no /run/pirated, and only root may make it.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            bail!(refused(&format!("creating {LOCK_DIR}"), &e))
+        }
+        made => made.with_context(|| format!("creating {LOCK_DIR}"))?,
+    }
     let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
     let file = match fs::File::create(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            bail!("opening {} was refused ({e}): {}", path.display(), super::NEEDS_ROOT)
+            bail!(refused(&format!("opening {}", path.display()), &e))
         }
         opened => opened.with_context(|| format!("opening {}", path.display()))?,
     };

@@ -3,6 +3,7 @@
 //! replay and the simulator) and the estimators that turn samples into a distribution.
 
 pub mod calibrate;
+pub mod config;
 pub mod estimate;
 pub mod metrics;
 pub mod report;

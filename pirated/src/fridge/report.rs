@@ -14,11 +14,11 @@ use pirate_common::fridge::{
 };
 use serde::Serialize;
 
+use super::config::{FridgeConfig, Probability};
 use super::{
     calibrate::{entry_probability, target_s, Basis},
     estimate::{weighted, Distribution, Weights},
 };
-use crate::config::{FridgeConfig, Probability};
 
 /// The quantiles pirated reports per class.
 pub const QUANTILES: [f64; 5] = [0.5, 0.9, 0.95, 0.99, 0.999];

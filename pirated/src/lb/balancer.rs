@@ -4,10 +4,7 @@
 //! Pirate's per-flow estimates to the reals the flows are held on (the forwarder's connection
 //! table, or Katran's ring), steps each VIP's controller and rewrites a ring whose weights moved.
 
-use std::{
-    collections::HashMap,
-    net::{Ipv4Addr, SocketAddrV4},
-};
+use std::{collections::HashMap, net::Ipv4Addr};
 
 use pirate_common::{
     key::{FlowId, FlowKey},
@@ -16,18 +13,12 @@ use pirate_common::{
 use serde::Serialize;
 
 use super::{
-    controller::{Control, Controller, RealStats},
+    config::{Forwarder as Kind, LbConfig},
+    controller::{Control, RealStats},
     katran_driver::Driver,
-    maglev::Ring,
+    pool::Pool,
 };
-use crate::{
-    config::{Forwarder as Kind, LbConfig, Proto},
-    datapath::Datapath,
-    pirate::report::EpochReport,
-};
-
-/// Ring weights per unit of the controller's (an equal share is `WEIGHT_SCALE`).
-const WEIGHT_SCALE: f64 = 10_000.0;
+use crate::{datapath::Datapath, pirate::report::EpochReport};
 
 pub struct Balancer {
     pools: Vec<Pool>,
@@ -46,17 +37,6 @@ enum Forwarder {
     Builtin,
     /// Katran's balancer.
     Katran(Box<Driver>),
-}
-
-/// One VIP and its reals.
-pub(super) struct Pool {
-    pub(super) address: SocketAddrV4,
-    pub(super) proto: Proto,
-    pub(super) reals: Vec<Ipv4Addr>,
-    /// The datapath's index of `reals[0]`; the others follow.
-    pub(super) first: u32,
-    ring: Ring,
-    controller: Controller,
 }
 
 /// One real's figures in an epoch, for the JSON lines and the metrics.
@@ -131,19 +111,8 @@ impl Balancer {
         let mut first = 1; // real index 0 is "no real"
         let mut pools = Vec::with_capacity(config.vips.len());
         for vip in &config.vips {
-            let ids: Vec<[u64; 1]> = vip.reals.iter().map(|r| [u32::from(*r) as u64]).collect();
-            let ids: Vec<&[u64]> = ids.iter().map(|id| id.as_slice()).collect();
-            let n = vip.reals.len();
-            let ring = Ring::new(&ids, &vec![WEIGHT_SCALE as u32; n], config.ring_size)?;
-            pools.push(Pool {
-                address: vip.address,
-                proto: vip.proto,
-                reals: vip.reals.clone(),
-                first,
-                ring,
-                controller: Controller::new(n),
-            });
-            first += n as u32;
+            pools.push(Pool::new(vip, first, config.ring_size)?);
+            first += vip.reals.len() as u32;
         }
         let forwarder = match config.forwarder {
             Kind::Builtin => Forwarder::Builtin,
@@ -267,26 +236,6 @@ impl Balancer {
             }
         }
         Ok(out)
-    }
-}
-
-impl Pool {
-    fn key(&self) -> VipKey {
-        VipKey { addr: self.address.ip().octets(), port: self.address.port(), proto: self.proto.number(), _pad: 0 }
-    }
-
-    fn name(&self) -> String {
-        format!("{}/{}", self.address, self.proto.name())
-    }
-
-    /// The controller's weights as the ring takes them (at least 1: every real keeps entries).
-    pub(super) fn ring_weights(&self) -> Vec<u32> {
-        self.controller.weights.iter().map(|w| (w * WEIGHT_SCALE).round().max(1.0) as u32).collect()
-    }
-
-    /// The ring with the datapath's real indices in place of positions in `reals`.
-    pub(super) fn ring_of_indices(&self) -> Vec<u32> {
-        self.ring.entries().iter().map(|&b| self.first + b).collect()
     }
 }
 

@@ -11,9 +11,9 @@ use pirate_common::{key::FlowKey, lb::RealCounters};
 use tracing::{info, warn};
 
 use super::{
-    balancer::Pool,
     katran::{self, Katran},
     katran_grpc::{Client, VipWeights},
+    pool::Pool,
 };
 use crate::datapath::Datapath;
 

@@ -11,7 +11,6 @@ use std::{
 use anyhow::{bail, Context};
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
-    hash::flow_hash,
     key::{FlowId, FlowKey, FAMILY_V6},
     maps,
     pirate::{
@@ -166,7 +165,7 @@ fn drain<const M: usize>(
             continue;
         };
         let flow = FlowEpoch::from_state(key, &rec.state);
-        let (a, b) = sets_of(flow_hash(&key), sets);
+        let (a, b) = sets_of(key.flow_hash(), sets);
         let copy = [a, b]
             .into_iter()
             .flat_map(|s| starts[s as usize] as usize..starts[s as usize + 1] as usize)

@@ -7,8 +7,8 @@ use serde::Serialize;
 use crate::pirate::{
     estimate::{
         quantile::Quantile,
-        quantile::Span,
         servers::{per_server, Numbering, ServerEstimate},
+        span::Span,
         Estimates, Estimator, FlowEstimate, NoFigure, Settings,
     },
     flow::{client, proto_name, server, FlowEpoch},

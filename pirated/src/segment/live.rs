@@ -18,6 +18,7 @@ use pirate_common::segment::SegmentShape;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::{debug, info, warn};
 
+use super::config::{Role, SegmentConfig};
 use super::{
     clock,
     peer::Link,
@@ -27,8 +28,7 @@ use super::{
     wire::{Message, Record},
 };
 use crate::{
-    config::{segment::Role, Config},
-    datapath::{Capability, Datapath},
+    datapath::{Capability, Datapath, Spec},
     json::Lines,
     metrics::Metrics,
 };
@@ -41,14 +41,14 @@ fn settle(shape: &SegmentShape) -> Duration {
 
 /// Starts the segment's task if `[segment]` gives this pirated a role. The downstream point's
 /// listener is bound here, so a busy address fails the start; with role `both`, the downstream
-/// point's chain is attached here, the two points linked in memory.
+/// point's chain (`down`) is attached here, the two points linked in memory.
 pub async fn spawn(
-    config: &Config,
+    segment: &SegmentConfig,
+    down: Option<Spec>,
     dp: &mut Datapath,
     metrics: Arc<Mutex<Metrics>>,
     lines: Option<Lines>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
-    let segment = &config.segment;
     if !segment.enabled() {
         return Ok(None);
     }
@@ -69,13 +69,13 @@ pub async fn spawn(
     };
     let run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> = match segment.role {
         Role::Both => {
-            let down_config = config.downstream_point().context("role both without a downstream point")?;
-            let mut down_dp = Datapath::attach(&down_config)?;
+            let down_spec = down.context("role both without a downstream point")?;
+            let mut down_dp = Datapath::attach(&down_spec)?;
             down_dp.chain(Capability::Pirate, false)?;
             let (up_link, down_link) = Link::pair();
             let up = state(true, dp.take_segment(shape)?, up_link)?;
             let down = state(false, down_dp.take_segment(shape)?, down_link)?;
-            info!(up = %config.interface, down = %down_config.interface, "segment: both points in this pirated");
+            info!(down = %down_spec.interface, "segment: both points in this pirated");
             Box::pin(async move {
                 // Its chain stays attached while the points run.
                 let _down_dp = down_dp;

@@ -13,14 +13,12 @@ use pirate_common::{
 };
 
 use super::{
+    config::SegmentConfig,
     point::{Cache, Found},
     reconcile::{reconcile, DOWNSTREAM_UNMEASURED},
     wire::Record,
 };
-use crate::{
-    config::segment::SegmentConfig,
-    source::capture::{CaptureReader, Tally},
-};
+use crate::source::capture::{CaptureReader, Tally};
 
 /// Both halves of a point's banks in memory, as the per-CPU maps hold one CPU's.
 struct Banks {

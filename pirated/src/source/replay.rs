@@ -70,7 +70,7 @@ pub fn run(
     reader: CaptureReader,
     on_epoch: impl FnMut(EpochData) -> anyhow::Result<Option<Fridges>>,
 ) -> anyhow::Result<Summary> {
-    let params = config.params();
+    let params = config.pirate.params(config.max_flows);
     // The fridges draw their entry decisions from a fixed seed: a replay repeats itself.
     let fridges = config.fridge.enabled.then(|| ReplayFridges {
         table: FridgeTable::new(config.fridge.shape(), 1),

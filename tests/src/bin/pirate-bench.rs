@@ -13,9 +13,10 @@ use std::{
 use anyhow::{bail, Result};
 use clap::Parser;
 use pirated::{
-    config::{Config, Dur},
+    config::Config,
     datapath::{test_run::test_run, Capability, Datapath},
     pirate::drain::Records,
+    value::Dur,
 };
 
 #[derive(Parser)]
@@ -89,7 +90,7 @@ fn main() -> Result<()> {
     config.pirate.skip_retransmissions = false;
     config.pirate.idle_floor = Dur(Duration::from_secs(4));
     config.validate()?;
-    let mut dp = Datapath::load(&config)?;
+    let mut dp = Datapath::load(&config.datapath())?;
     let frames: Vec<Vec<u8>> = (0..args.flows).map(frame).collect();
     let root = dp.root_fd()?.try_clone_to_owned()?;
     let bare = dp.load_bare_pass()?.try_clone_to_owned()?;

@@ -52,7 +52,7 @@ const EPOCH: u32 = 1;
 /// One flow's epoch: batches of 1–3 requests paced 20–60 µs apart, each batch waiting 1–16 ms
 /// for its response (the shape depends on `t`), about 100 gaps.
 fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
-    let params = config.params();
+    let params = config.pirate.params(config.max_flows);
     let mut st = FlowState::new(EPOCH);
     let mut pkt = PacketCtx { payload: 100, ..PacketCtx::default() };
     pkt.key.proto = IPPROTO_UDP;
@@ -135,7 +135,7 @@ fn main() -> Result<()> {
     for &n in &args.flows {
         let config = Config { max_flows: n, ..base.clone() };
         config.validate()?;
-        let mut dp = Datapath::load(&config)?;
+        let mut dp = Datapath::load(&config.datapath())?;
         // The flows fill the sets' ways in order (where each lands does not matter to the
         // drain); the table's spare quarter stays empty.
         let table = dp.table();
@@ -155,7 +155,7 @@ fn main() -> Result<()> {
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
         // each epoch filling the last one's vectors, sized at start for the table it finds.
-        let (pipeline, mut metrics) = (Pipeline::new(&config, false), Metrics::new(&config.metrics));
+        let (pipeline, mut metrics) = (Pipeline::new(&config.pirate, false), Metrics::new(&config.metrics));
         let started = Instant::now();
         let tracked = records.tracked(&dp);
         let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));
@@ -181,7 +181,7 @@ fn main() -> Result<()> {
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(&dp, EPOCH, flows)?.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config, true).run(EpochData { epoch: EPOCH, flows, fridge: None }, scratch);
+        let report = Pipeline::new(&config.pirate, true).run(EpochData { epoch: EPOCH, flows, fridge: None }, scratch);
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;

@@ -7,7 +7,7 @@
 //! together, this is Turnbull's self-consistent estimator for interval-censored data, with means;
 //! a few rounds settle it. Cost: the merged modes times the bins they cover, per round.
 
-use super::quantile::{Part, Span};
+use super::span::{Part, Span};
 
 /// Log-spaced bins over the merged modes' range (0.6 % wide over 4–20 ms).
 const BINS: usize = 256;

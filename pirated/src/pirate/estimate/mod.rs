@@ -7,6 +7,7 @@ mod merged;
 pub mod paper;
 pub mod quantile;
 pub mod servers;
+pub mod span;
 
 use std::{cell::OnceCell, ops::Range};
 
@@ -290,12 +291,10 @@ mod tests {
     };
 
     use super::*;
-    use crate::{
-        config::Config,
-        pirate::{
-            flow::{FlowEpoch, Mode},
-            report::{EpochReport, Scratch},
-        },
+    use crate::pirate::{
+        config::PirateConfig,
+        flow::{FlowEpoch, Mode},
+        report::{EpochReport, Scratch},
     };
 
     /// One request in flight at ~5.3 ms with a 3 % tail spread thinly over 5.6–8.6 ms (a slow
@@ -318,7 +317,7 @@ mod tests {
         let mut sorted = gaps.clone();
         sorted.sort_unstable();
         let truth = sorted[(0.99 * sorted.len() as f64) as usize] as f64;
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let measure = |span: u32| {
             let eps = Epsilon { span, ..settings.epsilon };
             let mut st = FlowState::<MODES_COMPACT>::new(1);
@@ -356,7 +355,7 @@ mod tests {
     /// A TCP flow's epoch of `gaps` (gap in ns, how many), with its handshake's round trip (0:
     /// not seen) and its gaps across which the acknowledgement number advanced.
     fn tcp_epoch(gaps: &[(u32, usize)], rtt_ns: u32, acked_gaps: u16) -> FlowEpoch {
-        let eps = Config::default().estimation().epsilon;
+        let eps = PirateConfig::default().settings().epsilon;
         let mut st = FlowState::<MODES_COMPACT>::new(1);
         for &(gap, n) in gaps {
             (0..n).for_each(|_| _ = st.modes.insert(gap, true, eps, MODES_COMPACT as u32));
@@ -381,7 +380,7 @@ mod tests {
     /// or with no handshake seen, or with the floor off, the figure stands.
     #[test]
     fn a_figure_below_the_handshakes_round_trip_is_withheld() {
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         assert_eq!(settings.round_trip_floor, 0.8);
         let flow = |gap: u32, rtt: u32| tcp_epoch(&[(gap, 200)], rtt, 0);
         let figures = |f: &FlowEpoch, s: &Settings| {
@@ -436,7 +435,7 @@ mod tests {
             (9_486_336, 19_685_376, 4, 64_471_317),
         ];
         let modes = as_drained(&drained);
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let found = settings.estimate(IPPROTO_TCP, &modes, false, true).1.unwrap();
         assert!(found.ends.has(3), "the break no longer falls below the held requests: {found:?}");
         let flow = |acked: u16| {
@@ -461,7 +460,7 @@ mod tests {
     /// acknowledgement a batch (a client pipelining), or the share allowed, it stands.
     #[test]
     fn a_multiplexed_flow_whose_short_gaps_hold_much_of_its_time_has_no_figure() {
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let with_acks = |acked: u16| tcp_epoch(&[(100_000, 300), (1_000_000, 200), (4_000_000, 100)], 0, acked);
         let batches = |f: &FlowEpoch, s: &Settings| s.flow(f, &f.modes(), false, true);
         let stepped = batches(&with_acks(100), &settings);
@@ -479,7 +478,7 @@ mod tests {
     /// allowed, and the figure that share too high is withheld.
     #[test]
     fn a_cycle_split_three_ways_is_bounded_by_the_short_share() {
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let epoch = |split: &[(u32, usize)]| {
             let mut gaps = vec![(30_000, 16 * 1000), (15_000_000, 900)];
             gaps.extend(split);
@@ -507,7 +506,7 @@ mod tests {
     /// below 0.8 of it and only 149 short gaps to pair them with: withheld.
     #[test]
     fn a_cycle_split_in_two_is_not_counted_twice() {
-        let allowed = Settings { multiplexed_short_share: 1.0, ..Config::default().estimation() };
+        let allowed = Settings { multiplexed_short_share: 1.0, ..PirateConfig::default().settings() };
         let flow = |a: u32, b: u32| tcp_epoch(&[(30_000, 8000), (a, 500), (b, 500)], 5_100_000, 4000);
         for (a, b) in [(5_000_000, 10_000_000), (7_000_000, 8_000_000)] {
             let f = flow(a, b);
@@ -550,7 +549,7 @@ mod tests {
             (11_804_672, 13_750_272, 10, 129_443_163),
             (14_368_768, 15_785_984, 24, 367_579_534),
         ]);
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let half = batches::half_latency(&modes, &settings.batches).unwrap();
         assert_eq!((half.estimate.batches, (half.estimate.estimate_ns / 1e5).round()), (765, 65.0));
         assert!(half.short <= settings.multiplexed_short_share && half.unpaired <= UNPAIRED_SHARE, "{half:?}");
@@ -577,7 +576,7 @@ mod tests {
             (5_472_256, 5_949_440, 7, 39_120_478),
             (7_792_640, 7_792_640, 1, 7_792_640),
         ]);
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let (client, rtt) = (5_309e3, 5_081_088);
         let found = settings.estimate(IPPROTO_TCP, &modes, false, true).1.unwrap();
         assert!(found.estimate_ns / client - 1.0 > 0.06, "{found:?}");
@@ -612,7 +611,7 @@ mod tests {
             modes.extend([(14_372_864, 17_784_832, 67, 1_158_003_020), (17_793_024, 19_415_040, 182, 3_318_361_869)]);
             as_drained(&modes)
         };
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let flow = |long: bool, rtt: u32, acked: u16| {
             let modes = drained(long);
             settings.flow(&tcp_epoch(&[], rtt, acked), &modes, false, true)
@@ -642,7 +641,7 @@ mod tests {
             (9_478_423, 19_245_800, 10, 148_576_064),
         ];
         let modes = as_drained(&drained);
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         assert_eq!(Chains::new(&modes, settings.epsilon).modes.len(), 1, "one chain");
         let est = settings.estimate(IPPROTO_UDP, &modes, true, true).1.unwrap();
         assert_eq!((est.batches, est.kept_ns), ending_from(&modes, 3), "{est:?}");

@@ -9,7 +9,8 @@ use foldhash::fast::FixedState;
 use pirate_common::pirate::modes::Epsilon;
 
 use super::{
-    quantile::{self, Quantile, Span, QUANTILES},
+    quantile::{self, Quantile, QUANTILES},
+    span::Span,
     Estimates, Estimator,
 };
 use crate::pirate::flow::{FlowEpoch, Mode};
@@ -191,13 +192,13 @@ mod tests {
     };
 
     use super::{super::FlowEstimate, *};
-    use crate::{config::Config, pirate::flow::server};
+    use crate::pirate::{config::PirateConfig, flow::server};
 
     /// Flows of 37 servers in three shares, through the numberings and the laid-out spans, give
     /// each server what its flows give gathered one server at a time in the flows' order.
     #[test]
     fn shares_laid_out_by_server_give_each_server_its_own_flows() {
-        let settings = Config::default().estimation();
+        let settings = PirateConfig::default().settings();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move |n: u64| {
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);

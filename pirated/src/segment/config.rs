@@ -11,7 +11,10 @@ use pirate_common::segment::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::{refuse, Dur};
+use crate::{
+    datapath::{ring_bytes_refusal, spec},
+    value::{refuse, Dur},
+};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -88,7 +91,9 @@ impl SegmentConfig {
         self.role != Role::Off
     }
 
-    pub(super) fn validate(&self) -> anyhow::Result<()> {
+    /// Checks every value of the section; an error names the keys it is about (what it must
+    /// agree with elsewhere, the top level checks).
+    pub fn validate(&self) -> anyhow::Result<()> {
         let interval = self.interval.0;
         if interval < Duration::from_millis(100) || interval > Duration::from_secs(3600) {
             return refuse(
@@ -138,7 +143,7 @@ impl SegmentConfig {
                 format!("segment.sample_zeros = {}: must be 0..=32 (a share of 2^-n)", self.sample_zeros),
             );
         }
-        if let Some(why) = crate::datapath::ring_bytes_refusal(self.cache_ring_bytes, MAX_CACHE_RING) {
+        if let Some(why) = ring_bytes_refusal(self.cache_ring_bytes, MAX_CACHE_RING) {
             return refuse(
                 &["segment.cache_ring_bytes"],
                 format!("segment.cache_ring_bytes = {}: {why}", self.cache_ring_bytes),
@@ -213,8 +218,7 @@ impl SegmentConfig {
         if !self.enabled() {
             return SegmentShape::default();
         }
-        let lda: LdaShape =
-            crate::segment::lda::tuned(self.lda_rows, &self.lda_loss, self.packets as f64, crate::segment::lda::ALPHA);
+        let lda: LdaShape = super::lda::tuned(self.lda_rows, &self.lda_loss, self.packets as f64, super::lda::ALPHA);
         SegmentShape {
             interval_ns: self.interval.as_nanos(),
             lda,
@@ -225,11 +229,17 @@ impl SegmentConfig {
         }
     }
 
-    /// Entries of `SEGMENT_LDA` and `SEGMENT_RDA`: both halves (one when off: maps are never
-    /// empty).
-    pub fn map_entries(&self) -> (u32, u32) {
+    /// What the datapath sizes and writes for the segment: its shape, the cache ring, and
+    /// `SEGMENT_LDA` and `SEGMENT_RDA` with both halves (one entry when off: maps are never empty).
+    pub fn spec(&self) -> spec::Segment {
         let shape = self.shape();
-        ((2 * shape.lda.cells() as u32).max(1), (2 * shape.rda.len() as u32).max(1))
+        spec::Segment {
+            enabled: self.enabled(),
+            shape,
+            lda_entries: (2 * shape.lda.cells() as u32).max(1),
+            rda_entries: (2 * shape.rda.len() as u32).max(1),
+            cache_ring_bytes: self.cache_ring_bytes,
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use std::{io::Cursor, path::Path};
 
 use libfuzzer_sys::fuzz_target;
-use pirated::source::capture::CaptureReader;
+use pirated::capture::CaptureReader;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut reader) = CaptureReader::new(Box::new(Cursor::new(data.to_vec())), Path::new("fuzz")) else { return };

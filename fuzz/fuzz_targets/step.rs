@@ -8,7 +8,7 @@
 use std::{io::Cursor, path::Path};
 
 use libfuzzer_sys::fuzz_target;
-use pirated::{config::Config, epoch, segment, source::capture::CaptureReader};
+use pirated::{capture::CaptureReader, config::Config, epoch, segment};
 
 /// A classic pcap (ns) of the input's records, from a second past the epoch.
 fn capture(mut data: &[u8]) -> Vec<u8> {

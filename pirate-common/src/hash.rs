@@ -1,7 +1,8 @@
 //! The hashes of the datapath, over 64-bit words: the flow hash the root writes into every
 //! packet's context (and userspace recomputes: one function for both, so a flow lands in the
-//! same fridge, bank or backend on either side), the fridges' and Maglev's seeded hashes, and
-//! the digest of an IPv6 flow's addresses. A leaf: `key` reads its words through these.
+//! same fridge, bank or backend on either side), the fridges' and Maglev's seeded hashes, the
+//! segment's (SplitMix64, and the reduction to a range without a division), and the digest of an
+//! IPv6 flow's addresses. A leaf: `key` reads its words through these.
 
 /// The flow hash's seed ("PIRATED!").
 pub const FLOW_SEED: u64 = 0x5049_5241_5445_4421;
@@ -31,4 +32,21 @@ pub fn digest(words: &[u64]) -> (u64, u16) {
         b ^ (b >> 31)
     });
     (a, b as u16)
+}
+
+/// A 64-bit hash of `x` under `seed`: SplitMix64's finalizer, whose output bits are each
+/// uniform, as leading-zero sampling and modulo indexing need.
+#[inline(always)]
+pub fn seeded(seed: u64, x: u64) -> u64 {
+    let mut z = (x ^ seed).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `h` reduced to `0..n` without a division (Lemire's multiply-shift): the kernel path pays no
+/// 64-bit modulo.
+#[inline(always)]
+pub fn reduce(h: u64, n: u32) -> u32 {
+    (((h >> 32) * n as u64) >> 32) as u32
 }

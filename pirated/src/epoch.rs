@@ -1,6 +1,7 @@
 //! The epoch pipeline: a closed epoch's plain data (from the live datapath or a replay) through
-//! each capability's estimators into reports, then to the sinks (JSON lines, metrics). The
-//! daemon's loop ticks, flips, drains and runs it; replay runs it over a capture's epochs.
+//! each capability's step into reports (`Steps`), the balancer's step on Pirate's figures, then
+//! to the sinks (JSON lines, metrics). The daemon's loop ticks, flips, drains and runs it; replay
+//! runs the same steps over a capture's epochs.
 
 use std::{
     io::Write,
@@ -8,26 +9,28 @@ use std::{
     time::Instant,
 };
 
-use tokio::{
-    io::{unix::AsyncFd, Interest},
-    time::{interval, MissedTickBehavior},
-};
+use pirate_common::fridge::Fridges;
+use tokio::time::{interval, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
 use crate::{
+    capture::CaptureReader,
     config::Config,
-    fridge::report::Window,
+    datapath::ring::{watch, Watched},
+    fridge::report::{FridgeReport, Window},
     json::{JsonLines, Sent},
+    lb::balancer::{Balancer, LbEpoch},
     metrics::Metrics,
+    parallel,
     pirate::{
         config::PirateConfig,
         estimate::{Estimator, Settings},
         report::{EpochReport, Scratch},
     },
-    source::{capture::CaptureReader, live::Live, replay, EpochData},
+    source::{live::Live, replay, EpochData},
 };
 
-/// What turns an epoch's data into reports: the same for the daemon and replay.
+/// Pirate's step: what turns an epoch's flows into its report.
 #[derive(Clone, Copy)]
 pub struct Pipeline {
     settings: Settings,
@@ -48,23 +51,74 @@ impl Pipeline {
     }
 }
 
+/// Each capability's estimate of a closed epoch, from its plain data to its report: Pirate's
+/// pipeline and the fridges' window, side by side. The same for the daemon and replay.
+pub struct Steps {
+    pirate: Pipeline,
+    fridge: Option<Window>,
+}
+
+/// One epoch's reports, each capability's (the balancer's after the estimates).
+pub struct Reports {
+    pub pirate: EpochReport,
+    pub fridge: Option<FridgeReport>,
+    pub lb: Option<LbEpoch>,
+}
+
+impl Steps {
+    /// With `compare`, Pirate reports both estimators' per-server quantiles (for JSON lines).
+    pub fn new(config: &Config, compare: bool) -> Steps {
+        Steps {
+            pirate: Pipeline::new(&config.pirate, compare),
+            fridge: config.fridge.enabled.then(|| Window::new(&config.fridge)),
+        }
+    }
+
+    /// Estimates one closed epoch (CPU work), Pirate's into `scratch`'s memory.
+    pub fn estimate(&mut self, mut data: EpochData, scratch: Scratch) -> Reports {
+        let (epoch, fridge) = (data.epoch, data.fridge.take());
+        let pirate = &self.pirate;
+        let (pirate, fridge) = match self.fridge.as_mut().zip(fridge) {
+            Some((window, part)) => {
+                let (p, f) = parallel::join(|| pirate.run(data, scratch), || window.close(epoch, part));
+                (p, Some(f))
+            }
+            None => (pirate.run(data, scratch), None),
+        };
+        Reports { pirate, fridge, lb: None }
+    }
+}
+
+impl Reports {
+    /// The estimates' JSON lines: Pirate's, then the fridges'.
+    pub fn write_estimates(&self, out: &mut impl Write) -> std::io::Result<()> {
+        self.pirate.write_json(out)?;
+        match &self.fridge {
+            Some(f) => f.write_json(out),
+            None => Ok(()),
+        }
+    }
+
+    /// The fridges' new shape, when this epoch recalibrated them.
+    pub fn recalibrated(&self) -> Option<Fridges> {
+        self.fridge.as_ref().and_then(|f| f.recalibrated)
+    }
+}
+
 /// `pirated replay`: every epoch of the capture `reader` reads, as JSON lines on `out`; the fridges
 /// recalibrated as the daemon does. Last, a `"type": "capture"` line of what was read and left
 /// out (and the same on stderr). An error if the capture ended in one (after the lines for what
 /// came before) or measured nothing.
 pub fn replay(config: &Config, reader: CaptureReader, out: &mut impl Write) -> anyhow::Result<()> {
     let path = reader.path().to_owned();
-    let pipeline = Pipeline::new(&config.pirate, true);
-    let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
+    let mut steps = Steps::new(config, true);
     let (mut flows, mut samples) = (0, 0);
-    let summary = replay::run(config, reader, |mut data| {
-        let (epoch, fridge) = (data.epoch, data.fridge.take());
+    let summary = replay::run(config, reader, |data| {
         flows += data.flows.len();
-        samples += fridge.as_ref().map_or(0, |f| f.samples.len());
-        pipeline.run(data, Scratch::default()).write_json(out)?;
-        let Some(report) = window.as_mut().zip(fridge).map(|(w, f)| w.close(epoch, f)) else { return Ok(None) };
-        report.write_json(out)?;
-        Ok(report.recalibrated)
+        samples += data.fridge.as_ref().map_or(0, |f| f.samples.len());
+        let reports = steps.estimate(data, Scratch::default());
+        reports.write_estimates(out)?;
+        Ok(reports.recalibrated())
     })?;
     serde_json::to_writer(&mut *out, &summary.json())?;
     out.write_all(b"\n")?;
@@ -83,22 +137,9 @@ pub fn replay(config: &Config, reader: CaptureReader, out: &mut impl Write) -> a
     Ok(())
 }
 
-/// The ring buffer's descriptor, owned by the live source, registered for readiness only.
-pub(crate) struct Borrowed(std::os::fd::RawFd);
-
-impl std::os::fd::AsRawFd for Borrowed {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0
-    }
-}
-
 /// Waits for records in the hand-over ring and drops them (between a drain and the next epoch
 /// flip, every record is stale), or for fridge samples and collects them.
-async fn empty_when_ready(
-    ring: &AsyncFd<Borrowed>,
-    samples: Option<&AsyncFd<Borrowed>>,
-    live: &mut Live,
-) -> anyhow::Result<()> {
+async fn empty_when_ready(ring: &Watched, samples: Option<&Watched>, live: &mut Live) -> anyhow::Result<()> {
     let samples_ready = async {
         match samples {
             Some(fd) => fd.readable().await,
@@ -120,32 +161,25 @@ async fn empty_when_ready(
     Ok(())
 }
 
-/// Watches a ring buffer's descriptor for readiness.
-///
-/// # Safety
-/// `fd` must stay open while the returned value lives (the live source owns it).
-pub(crate) unsafe fn watch(fd: std::os::fd::RawFd, what: &str) -> anyhow::Result<AsyncFd<Borrowed>> {
-    // SAFETY: the caller keeps `fd` open.
-    unsafe { AsyncFd::register_with_interest(Borrowed(fd), Interest::READABLE) }
-        .map_err(|e| anyhow::anyhow!("watching {what}: {e}"))
-}
-
-/// Runs epochs until `shutdown` resolves; the partial epoch is closed and reported then too, as
-/// replay does. With `lines`, each epoch's JSON lines go there too.
+/// Runs epochs until `shutdown` resolves, each through the pipeline: close (the live source) →
+/// each capability's estimate (`Steps`, off the async runtime) → balance (`balancer`, if VIPs are
+/// configured) → the datapath told what changed (the fridges recalibrated) → publish (metrics,
+/// and JSON lines to `lines`). The partial epoch is closed and reported at shutdown too, as
+/// replay does.
 pub async fn run(
     config: &Config,
     live: &mut Live,
+    mut balancer: Option<Balancer>,
     metrics: Arc<Mutex<Metrics>>,
     lines: Option<&JsonLines>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let json = lines.is_some();
-    let pipeline = Pipeline::new(&config.pirate, json);
+    let steps = Arc::new(Mutex::new(Steps::new(config, json)));
     // SAFETY: the ring buffers' descriptors belong to `live`, which outlives these (this
     // function).
     let ring = unsafe { watch(live.records_fd(), "the hand-over ring buffer")? };
     let samples = live.samples_fd().map(|fd| unsafe { watch(fd, "the fridge sample ring buffer") }).transpose()?;
-    let mut window = config.fridge.enabled.then(|| Window::new(&config.fridge));
     let mut tick = interval(config.epoch.0);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
@@ -164,49 +198,43 @@ pub async fn run(
             }
         };
         let started = Instant::now();
-        let (mut data, kernel) = live.close_epoch(flows)?;
+        let (data, kernel) = live.close_epoch(flows)?;
         if kernel.unnamed > 0 {
             warn!(count = kernel.unnamed, "left out IPv6 flows whose addresses never arrived (V6_NAMES full)");
         }
         if kernel.inconsistent > 0 {
             warn!(count = kernel.inconsistent, "dropped flow copies read mid-update");
         }
-        let mut window_moved = window.take();
+        let steps = steps.clone();
         let work = tokio::task::spawn_blocking(move || {
-            let epoch = data.epoch;
-            let fridge_data = data.fridge.take();
-            let report = pipeline.run(data, scratch);
-            let fridge = window_moved.as_mut().zip(fridge_data).map(|(w, f)| w.close(epoch, f));
+            let reports = steps.lock().unwrap().estimate(data, scratch);
             let mut text = Vec::new();
             if json {
-                report.write_json(&mut text)?;
-                if let Some(f) = &fridge {
-                    f.write_json(&mut text)?;
-                }
+                reports.write_estimates(&mut text)?;
             }
-            Ok::<_, std::io::Error>((report, fridge, window_moved, text))
+            Ok::<_, std::io::Error>((reports, text))
         });
         tokio::pin!(work);
         // Flows go on rolling over meanwhile, and their records are stale: the ring holds only
         // what a few milliseconds bring.
-        let (report, fridge, window_back, mut text) = loop {
+        let (mut reports, mut text) = loop {
             tokio::select! {
                 done = &mut work => break done??,
                 ready = empty_when_ready(&ring, samples.as_ref(), live) => ready?,
             }
         };
-        window = window_back;
-        let lb = live.balance(&report)?;
-        if let (true, Some(lb)) = (json, &lb) {
-            lb.write_json(report.epoch, &mut text)?;
+        let epoch = reports.pirate.epoch;
+        reports.lb = balancer.as_mut().map(|b| b.step(epoch, reports.pirate.figures())).transpose()?;
+        if let (true, Some(lb)) = (json, &reports.lb) {
+            lb.write_json(epoch, &mut text)?;
         }
-        if let Some(shape) = fridge.as_ref().and_then(|f| f.recalibrated) {
+        if let Some(shape) = reports.recalibrated() {
             live.reshape_fridges(shape)?;
             info!(p = ?(0..shape.count as usize).map(|k| shape.p(k)).collect::<Vec<_>>(), "fridges recalibrated");
         }
         let sent = lines.as_ref().map(|l| l.send(text));
         let mut m = metrics.lock().unwrap();
-        m.publish(&report, fridge.as_ref(), lb.as_ref(), &kernel);
+        m.publish(&reports.pirate, reports.fridge.as_ref(), reports.lb.as_ref(), &kernel);
         m.observe_epoch_time(started.elapsed());
         match sent {
             Some(Sent::Dropped) => m.json_epoch_dropped(),
@@ -216,10 +244,11 @@ pub async fn run(
             }
             _ => {}
         }
-        debug!(epoch = report.epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
+        let report = &reports.pirate;
+        debug!(epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {
             return Ok(());
         }
-        (flows, scratch) = report.into_buffers();
+        (flows, scratch) = reports.pirate.into_buffers();
     }
 }

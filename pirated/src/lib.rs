@@ -3,6 +3,7 @@
 //! per capability.
 
 pub mod buffer;
+pub mod capture;
 pub mod config;
 pub mod datapath;
 pub mod epoch;

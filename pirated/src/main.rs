@@ -11,12 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use pirated::{
-    config::Config,
-    datapath::Datapath,
-    epoch,
-    json::JsonLines,
-    metrics, segment,
-    source::{capture::CaptureReader, live::Live},
+    capture::CaptureReader, config::Config, datapath::Datapath, epoch, json::JsonLines, lb::balancer::Balancer,
+    metrics, segment, source::live::Live,
 };
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
@@ -216,12 +212,18 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let mut dp = Datapath::attach(&config.datapath())?;
         let down = config.downstream_point().map(|d| d.datapath());
-        let segment =
-            segment::live::spawn(&config.segment, down, &mut dp, metrics.clone(), lines.as_ref().map(|l| l.lines()))
-                .await?;
+        let segment = segment::live::spawn(
+            &config.segment,
+            down,
+            &mut dp,
+            segment_metrics(&metrics),
+            lines.as_ref().map(|l| l.lines()),
+        )
+        .await?;
+        let balancer = config.lb.enabled().then(|| Balancer::start(&config.lb, dp.take_lb()?)).transpose()?;
         let mut live = Live::new(dp, &config)?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
-        let result = epoch::run(&config, &mut live, metrics, lines.as_ref(), shutdown).await;
+        let result = epoch::run(&config, &mut live, balancer, metrics, lines.as_ref(), shutdown).await;
         server.abort();
         if let Some(segment) = segment {
             segment.abort();
@@ -234,6 +236,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         drop(live);
         result
     })
+}
+
+/// The segment's families in `metrics`, reached under its lock.
+fn segment_metrics(metrics: &Arc<Mutex<metrics::Metrics>>) -> segment::metrics::Shared {
+    let metrics = metrics.clone();
+    Arc::new(move |f| f(&metrics.lock().unwrap().segment))
 }
 
 /// SIGTERM or SIGINT. The handlers are installed here, before attaching: a signal that arrives

@@ -59,7 +59,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(config: &MetricsConfig) -> Metrics {
         let mut registry = Registry::with_prefix("pirated");
-        let pirate = pirate::metrics::Metrics::register(&mut registry, config);
+        let pirate = pirate::metrics::Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
         let fridge = fridge::metrics::Metrics::register(&mut registry);
         let lb = lb::metrics::Metrics::register(&mut registry);
         let segment = segment::metrics::Metrics::register(&mut registry);
@@ -130,7 +130,7 @@ impl Metrics {
         let now = &kernel.counters;
         let delta: [u64; counters::COUNT as usize] =
             std::array::from_fn(|i| now[i].saturating_sub(self.last_kernel[i]));
-        self.pirate.publish(report, kernel, &delta);
+        self.pirate.publish(report, kernel.tracked, now, &delta);
         if let Some(f) = fridge {
             self.fridge.publish(f, &delta);
         }

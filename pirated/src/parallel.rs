@@ -39,6 +39,16 @@ pub fn fold_into<T: Sync, R: Send, A: Send>(
     accumulators
 }
 
+/// `a` and `b` at once, `b` on a thread of its own (two independent steps of an epoch); a panic
+/// in `b` is resumed here.
+pub fn join<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+    std::thread::scope(|scope| {
+        let b = scope.spawn(b);
+        let a = a();
+        (a, b.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}
+
 /// `each` over one chunk of `items` per CPU; the results in the chunks' order.
 pub fn chunks<T: Sync, R: Send>(items: &[T], each: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
     on_every_cpu(items.chunks(per_thread(items.len())), each)

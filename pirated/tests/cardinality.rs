@@ -94,7 +94,7 @@ fn a_million_servers_passing_in_a_day_leave_the_heap_flat() {
     let config = MetricsConfig::default();
     let idle = config.idle_epochs as u64;
     let mut registry = Registry::with_prefix("pirated");
-    let mut metrics = Metrics::register(&mut registry, &config);
+    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
     let mut hourly: Vec<isize> = Vec::new();
     let mut next = STEADY;
     let mut epoch_figures = Vec::new();
@@ -135,7 +135,7 @@ fn the_cap_refuses_new_servers_until_idle_ones_expire() {
     let _alone = ALONE.lock();
     let config = MetricsConfig { max_servers: 1_000, idle_epochs: 3, ..MetricsConfig::default() };
     let mut registry = Registry::with_prefix("pirated");
-    let mut metrics = Metrics::register(&mut registry, &config);
+    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
     let burst: Vec<ServerEstimate> = (0..5_000).map(figure).collect();
     let first: Vec<String> = (0..1_000).map(|i| server(i).to_string()).collect();
     let counts = |r: &Registry| {

@@ -64,7 +64,7 @@ impl Capture {
     /// Stops tcpdump and reads the frames it captured, with their timestamps (ns).
     pub fn frames(&mut self) -> Result<Vec<(u64, Vec<u8>)>> {
         self.stop()?;
-        pirated::source::capture::read_all(&self.path)
+        pirated::capture::read_all(&self.path)
     }
 }
 

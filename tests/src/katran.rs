@@ -21,29 +21,34 @@
 //! # }
 //! ```
 //!
-//! Map updates go through the `bpf(2)` syscall on the pinned maps rather than one `bpftool`
-//! process per entry: the consistent-hashing ring alone is 65 537 entries per VIP. Everything here
-//! needs root (CAP_BPF and CAP_SYS_ADMIN for bpffs).
+//! Map updates go through aya on the pinned maps, in the layouts pirated writes Katran's maps in
+//! (`pirated::lb::katran`), rather than one `bpftool` process per entry: the consistent-hashing
+//! ring alone is 65 537 entries per VIP. Everything here needs root (CAP_BPF and CAP_SYS_ADMIN for
+//! bpffs).
 
-use std::ffi::CString;
-use std::fs;
-use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::{
+    fs, io,
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Mutex,
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use anyhow::{bail, ensure, Context, Result};
+use aya::{
+    maps::{Array, HashMap, Map, MapData, MapError, MapType, ProgramArray},
+    programs::{ProgramFd, ProgramInfo},
+};
+use pirated::{
+    datapath::{lb::program_in_slot, percpu},
+    lb::katran::{real_definition, ring_key, vip_definition, vip_meta, MAX_VIPS, RING_SIZE},
+};
 
-/// `RING_SIZE` in Katran's `balancer_consts.h`: positions in each VIP's consistent-hashing ring.
-/// Checked at load against `ch_rings`' size (`CH_RINGS_SIZE = MAX_VIPS * RING_SIZE`).
-pub const RING_SIZE: u32 = 65537;
-/// `MAX_VIPS` in `balancer_consts.h`: the size of `vip_map`, and the bound on `vip_num`.
-pub const MAX_VIPS: u32 = 512;
 /// `MAX_REALS` in `balancer_consts.h`: the size of `reals`; real ids run from 1 (0 is reserved).
 pub const MAX_REALS: u32 = 4096;
 
@@ -148,24 +153,41 @@ pub(crate) fn clang_bpf() -> Command {
 }
 
 /// Katran's balancer loaded from an object built by [`build_balancer`], its program and maps
-/// pinned in a private directory under `/sys/fs/bpf`.
+/// pinned in a private directory under `/sys/fs/bpf`. Its maps are written through aya, in
+/// Katran's layouts as pirated writes them (`pirated::lb::katran`).
 ///
 /// Dropping it unregisters it from every prog array slot [`Katran::register`] put it in (if the
 /// slot still holds it) and removes the pins, which frees the program and maps once nothing else
 /// holds them.
-#[derive(Debug)]
 pub struct Katran {
-    prog: OwnedFd,
+    prog: ProgramFd,
     prog_id: u32,
+    /// `vip_map`: `struct vip_definition` → `struct vip_meta`.
+    vips: Mutex<HashMap<MapData, [u8; 20], [u8; 8]>>,
+    /// `reals`: real id → `struct real_definition`.
+    reals: Mutex<Array<MapData, [u8; 20]>>,
+    /// `ch_rings`: `vip_num * RING_SIZE + position` → real id.
+    rings: Mutex<Array<MapData, u32>>,
+    /// `ctl_array`: `struct ctl_value`.
+    control: Mutex<Array<MapData, [u8; 8]>>,
+    /// `stats`, per CPU: `struct lb_stats`.
+    stats: MapData,
+    cpus: usize,
     registrations: Mutex<Vec<(PathBuf, u32)>>,
     // Last: dropped after the program's fd, removing the pins.
     pins: PinDir,
 }
 
+impl std::fmt::Debug for Katran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Katran").field("prog_id", &self.prog_id).field("pins", &self.pins.0).finish()
+    }
+}
+
 impl Katran {
     /// Loads the balancer: `bpftool prog load <object> <dir>/balancer_ingress type xdp pinmaps
     /// <dir>` into a fresh `/sys/fs/bpf/pirate-katran-<pid>-<n>`, then checks that the maps this
-    /// module writes have the sizes its hand-built layouts assume.
+    /// module writes have the sizes Katran's layouts give them.
     ///
     /// bpftool, not aya, because the object has `BPF_MAP_TYPE_ARRAY_OF_MAPS` and
     /// `HASH_OF_MAPS` maps with inner-map templates (`lru_mapping`, `vip_to_down_reals_map`),
@@ -190,49 +212,40 @@ impl Katran {
                 .arg(&pins.0),
             &format!("loading Katran's balancer from {}", object.display()),
         )?;
-        let prog = sys::obj_get(&prog_pin).with_context(|| format!("opening pinned program {}", prog_pin.display()))?;
-        let prog_id = sys::prog_id(prog.as_fd()).context("reading the balancer's program id")?;
-        let katran = Katran { prog, prog_id, registrations: Mutex::new(Vec::new()), pins };
-        katran.check_layouts()?;
-        Ok(katran)
-    }
-
-    /// Checks the loaded maps against the key/value sizes and entry counts this module assumes
-    /// (`balancer_structs.h`, `balancer_consts.h`), so a change in Katran fails here, clearly,
-    /// instead of as a mis-programmed balancer that drops or passes everything.
-    fn check_layouts(&self) -> Result<()> {
-        // (map, key size, value size, max entries): struct vip_definition -> struct vip_meta;
-        // u32 -> struct real_definition; u32 -> u32 real id; u32 -> struct ctl_value.
-        let expected = [
-            ("vip_map", 20, 8, MAX_VIPS),
-            ("reals", 4, 20, MAX_REALS),
-            ("ch_rings", 4, 4, MAX_VIPS * RING_SIZE),
-            ("ctl_array", 4, 8, 16),
-            ("stats", 4, 16, 2 * MAX_VIPS),
-        ];
-        for (name, key, value, entries) in expected {
-            let info = sys::map_info(self.map(name)?.as_fd()).with_context(|| format!("reading map {name}'s info"))?;
+        let info = ProgramInfo::from_pin(&prog_pin).with_context(|| format!("opening {}", prog_pin.display()))?;
+        let prog = info.fd().context("opening the balancer's program")?;
+        // (map, key size, value size, max entries): balancer_structs.h, balancer_consts.h.
+        let map = |name: &str, key: u32, value: u32, entries: u32| -> Result<MapData> {
+            let pin = pins.0.join(name);
+            let data = MapData::from_pin(&pin).with_context(|| format!("opening Katran's map {}", pin.display()))?;
+            let info = data.info().with_context(|| format!("reading map {name}'s info"))?;
             ensure!(
-                (info.key_size, info.value_size, info.max_entries) == (key, value, entries),
-                "Katran's map {name} has key {} B, value {} B, {} entries; this module's layouts assume \
-                 key {key} B, value {value} B, {entries} entries (balancer_structs.h/balancer_consts.h changed?)",
-                info.key_size,
-                info.value_size,
-                info.max_entries
+                (info.key_size(), info.value_size(), info.max_entries()) == (key, value, entries),
+                "Katran's map {name} has key {} B, value {} B, {} entries; its layouts say key {key} B, value \
+                 {value} B, {entries} entries (balancer_structs.h/balancer_consts.h changed?)",
+                info.key_size(),
+                info.value_size(),
+                info.max_entries()
             );
-        }
-        Ok(())
+            Ok(data)
+        };
+        Ok(Katran {
+            vips: Mutex::new(HashMap::try_from(Map::HashMap(map("vip_map", 20, 8, MAX_VIPS)?))?),
+            reals: Mutex::new(Array::try_from(Map::Array(map("reals", 4, 20, MAX_REALS)?))?),
+            rings: Mutex::new(Array::try_from(Map::Array(map("ch_rings", 4, 4, MAX_VIPS * RING_SIZE)?))?),
+            control: Mutex::new(Array::try_from(Map::Array(map("ctl_array", 4, 8, 16)?))?),
+            stats: map("stats", 4, 16, 2 * MAX_VIPS)?,
+            cpus: aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?,
+            prog,
+            prog_id: info.id(),
+            registrations: Mutex::new(Vec::new()),
+            pins,
+        })
     }
 
     /// The directory its program and maps are pinned in (by their names in `balancer_maps.h`).
     pub fn pin_dir(&self) -> &Path {
         &self.pins.0
-    }
-
-    /// Opens one of Katran's pinned maps by its name in `balancer_maps.h`/`control_data_maps.h`.
-    fn map(&self, name: &str) -> Result<OwnedFd> {
-        let pin = self.pins.0.join(name);
-        sys::obj_get(&pin).with_context(|| format!("opening Katran's map {}", pin.display()))
     }
 
     /// Sets `ctl_array[0]` (`struct ctl_value`, `control_data_maps.h`): the default router's MAC,
@@ -242,7 +255,7 @@ impl Katran {
         // struct ctl_value { union { __u64 value; __u32 ifindex; __u8 mac[6]; }; }: 8 bytes.
         let mut value = [0u8; 8];
         value[..6].copy_from_slice(&mac);
-        self.update("ctl_array", &0u32.to_ne_bytes(), &value)
+        lock(&self.control).set(0, value, 0).context("writing Katran's ctl_array[0]")
     }
 
     /// Adds a VIP to `vip_map`: `vip` and `proto` (e.g. `IPPROTO_TCP`) map to `vip_num`, the
@@ -250,20 +263,16 @@ impl Katran {
     /// `balancer_consts.h`; 0 hashes the client's address and both ports).
     pub fn add_vip(&self, vip: SocketAddrV4, proto: u8, vip_num: u32, flags: u32) -> Result<()> {
         ensure!(vip_num < MAX_VIPS, "vip_num {vip_num} out of range: Katran has MAX_VIPS = {MAX_VIPS}");
-        // struct vip_meta { __u32 flags; __u32 vip_num; }: 8 bytes, host byte order.
-        let mut meta = [0u8; 8];
-        meta[0..4].copy_from_slice(&flags.to_ne_bytes());
-        meta[4..8].copy_from_slice(&vip_num.to_ne_bytes());
-        self.update("vip_map", &pirated::lb::katran::vip_definition(vip, proto), &meta)
+        lock(&self.vips)
+            .insert(vip_definition(vip, proto), vip_meta(flags, vip_num), 0)
+            .with_context(|| format!("writing Katran's vip_map for {vip}"))
     }
 
     /// The `vip_num` `vip_map` gives `vip` and `proto`, if it has them.
     pub fn vip_num(&self, vip: SocketAddrV4, proto: u8) -> Result<Option<u32>> {
-        let mut meta = [0u8; 8];
-        let map = self.map("vip_map")?;
-        match sys::map_lookup(map.as_fd(), &pirated::lb::katran::vip_definition(vip, proto), &mut meta) {
-            Ok(()) => Ok(Some(u32::from_ne_bytes(meta[4..].try_into().unwrap()))),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        match lock(&self.vips).get(&vip_definition(vip, proto), 0) {
+            Ok(meta) => Ok(Some(u32::from_ne_bytes(meta[4..].try_into().unwrap()))),
+            Err(MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e).context("reading vip_map"),
         }
     }
@@ -272,12 +281,7 @@ impl Katran {
     /// sends to `id`. Real id 0 is reserved (Katran drops packets whose ring position holds 0).
     pub fn set_real(&self, id: u32, addr: Ipv4Addr) -> Result<()> {
         ensure!((1..MAX_REALS).contains(&id), "real id {id} out of range: ids run from 1 to {}", MAX_REALS - 1);
-        // struct real_definition { union { __be32 dst; __be32 dstv6[4]; }; __u8 flags; }:
-        // 16 bytes of address (IPv4 in the first 4, network order), flags at 16, padded to 20.
-        let mut real = [0u8; 20];
-        real[0..4].copy_from_slice(&addr.octets());
-        real[16] = 0; // no F_IPV6 (balancer_consts.h): IPIP over IPv4
-        self.update("reals", &id.to_ne_bytes(), &real)
+        lock(&self.reals).set(id, real_definition(addr), 0).with_context(|| format!("writing Katran's reals[{id}]"))
     }
 
     /// Fills `vip_num`'s consistent-hashing ring (`ch_rings[vip_num * RING_SIZE + pos]`, a real
@@ -298,10 +302,11 @@ impl Katran {
         if let Some(bad) = ring.iter().find(|&&id| id == 0 || id >= MAX_REALS) {
             bail!("ring holds real id {bad}: ids run from 1 to {} (0 is reserved)", MAX_REALS - 1);
         }
-        let map = self.map("ch_rings")?;
-        for (pos, id) in ring.iter().enumerate() {
-            let key = vip_num * RING_SIZE + pos as u32;
-            sys::map_update(map.as_fd(), &key.to_ne_bytes(), &id.to_ne_bytes())
+        let mut rings = lock(&self.rings);
+        for (pos, &id) in ring.iter().enumerate() {
+            let key = ring_key(vip_num, pos as u32);
+            rings
+                .set(key, id, 0)
                 .with_context(|| format!("writing ch_rings[{key}] (vip_num {vip_num}, position {pos}) = {id}"))?;
         }
         Ok(())
@@ -311,7 +316,11 @@ impl Katran {
     /// CPUs: (v1, v2).
     pub fn counter(&self, index: u32) -> Result<(u64, u64)> {
         ensure!(index < MAX_VIPS, "counter index {index} out of range");
-        self.stats_entry(MAX_VIPS + index)
+        let key = MAX_VIPS + index;
+        // BPF_MAP_TYPE_PERCPU_ARRAY of struct lb_stats { __u64 v1; __u64 v2; }.
+        let per_cpu = percpu::values::<[u64; 2]>(self.stats.fd().as_fd(), key, self.cpus)
+            .with_context(|| format!("reading stats[{key}]"))?;
+        Ok(per_cpu.iter().fold((0, 0), |(v1, v2), c| (v1 + c[0], v2 + c[1])))
     }
 
     /// A one-line summary of the global counters, for error messages when the balancer did not
@@ -336,27 +345,6 @@ impl Katran {
         format!("Katran counters (v1/v2): {}", parts.join(" "))
     }
 
-    fn stats_entry(&self, key: u32) -> Result<(u64, u64)> {
-        // BPF_MAP_TYPE_PERCPU_ARRAY of struct lb_stats { __u64 v1; __u64 v2; }: the syscall
-        // returns one 16-byte value per possible CPU.
-        let cpus = possible_cpus()?;
-        let mut buf = vec![0u8; 16 * cpus];
-        let map = self.map("stats")?;
-        sys::map_lookup(map.as_fd(), &key.to_ne_bytes(), &mut buf).with_context(|| format!("reading stats[{key}]"))?;
-        Ok(buf.chunks_exact(16).fold((0, 0), |(v1, v2), c| {
-            (
-                v1 + u64::from_ne_bytes(c[0..8].try_into().unwrap()),
-                v2 + u64::from_ne_bytes(c[8..16].try_into().unwrap()),
-            )
-        }))
-    }
-
-    fn update(&self, map_name: &str, key: &[u8], value: &[u8]) -> Result<()> {
-        let map = self.map(map_name)?;
-        sys::map_update(map.as_fd(), key, value)
-            .with_context(|| format!("writing Katran's {map_name}: key {} value {}", hex(key), hex(value)))
-    }
-
     /// Puts the balancer into slot `slot` of the pinned prog array at `forward_pin` (the equivalent
     /// of `bpftool map update pinned <forward_pin> key <slot, 4 bytes LE> value pinned
     /// <prog pin>`), so a program that tail-calls that slot continues in Katran.
@@ -366,14 +354,15 @@ impl Katran {
     /// XDP frags flag. The balancer is plain `SEC("xdp")`, without `BPF_F_XDP_HAS_FRAGS`, so the
     /// chain's programs must not be loaded with frags either.
     pub fn register(&self, forward_pin: &Path, slot: u32) -> Result<()> {
-        let array = open_prog_array(forward_pin, slot)?;
-        let fd = self.prog.as_raw_fd() as u32;
-        if let Err(e) = sys::map_update(array.as_fd(), &slot.to_ne_bytes(), &fd.to_ne_bytes()) {
-            let hint = if e.raw_os_error() == Some(libc::EINVAL) {
-                " (EINVAL: the array's owner program is not compatible: another program type, or \
-                 the XDP frags flag differs; the balancer is XDP without frags)"
-            } else {
-                ""
+        let mut array = prog_array(forward_pin, slot)?;
+        if let Err(e) = array.set(slot, &self.prog, 0) {
+            let einval = matches!(&e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL));
+            let hint = match einval {
+                true => {
+                    " (EINVAL: the array's owner program is not compatible: another program type, or the XDP \
+                     frags flag differs; the balancer is XDP without frags)"
+                }
+                false => "",
             };
             bail!(
                 "putting Katran's balancer (prog id {}) into {} slot {slot}: {e}{hint}",
@@ -381,7 +370,7 @@ impl Katran {
                 forward_pin.display()
             );
         }
-        let mut regs = self.registrations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regs = lock(&self.registrations);
         if !regs.iter().any(|(p, s)| p == forward_pin && *s == slot) {
             regs.push((forward_pin.to_path_buf(), slot));
         }
@@ -391,10 +380,7 @@ impl Katran {
     /// Empties slot `slot` of the prog array at `forward_pin`, which must hold this balancer
     /// (an error otherwise, so a test never removes a program it did not put there).
     pub fn unregister(&self, forward_pin: &Path, slot: u32) -> Result<()> {
-        let array = open_prog_array(forward_pin, slot)?;
-        match slot_prog_id(array.as_fd(), slot)
-            .with_context(|| format!("reading {} slot {slot}", forward_pin.display()))?
-        {
+        match self.in_slot(forward_pin, slot)? {
             Some(id) if id == self.prog_id => {}
             Some(id) => bail!(
                 "{} slot {slot} holds program {id}, not Katran's balancer ({}): not removing it",
@@ -403,16 +389,23 @@ impl Katran {
             ),
             None => bail!("{} slot {slot} is empty: Katran's balancer is not registered there", forward_pin.display()),
         }
-        sys::map_delete(array.as_fd(), &slot.to_ne_bytes())
+        prog_array(forward_pin, slot)?
+            .clear_index(&slot)
             .with_context(|| format!("deleting {} slot {slot}", forward_pin.display()))?;
-        self.registrations.lock().unwrap_or_else(|p| p.into_inner()).retain(|(p, s)| !(p == forward_pin && *s == slot));
+        lock(&self.registrations).retain(|(p, s)| !(p == forward_pin && *s == slot));
         Ok(())
     }
 
     /// Whether slot `slot` of the prog array at `forward_pin` holds this balancer.
     pub fn is_registered(&self, forward_pin: &Path, slot: u32) -> Result<bool> {
+        Ok(self.in_slot(forward_pin, slot)? == Some(self.prog_id))
+    }
+
+    /// The id of the program in slot `slot` of the prog array at `forward_pin`, if any.
+    fn in_slot(&self, forward_pin: &Path, slot: u32) -> Result<Option<u32>> {
         let array = open_prog_array(forward_pin, slot)?;
-        Ok(slot_prog_id(array.as_fd(), slot)? == Some(self.prog_id))
+        program_in_slot(array.fd().as_fd(), slot)
+            .with_context(|| format!("reading {} slot {slot}", forward_pin.display()))
     }
 }
 
@@ -428,6 +421,11 @@ impl Drop for Katran {
             }
         }
     }
+}
+
+/// A lock taken even if a holder panicked (a test's map writes are each whole).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A pin directory under bpffs, removed (with everything pinned in it) on drop.
@@ -458,48 +456,18 @@ fn remove_stale_pin_dirs() {
 }
 
 /// Opens the prog array pinned at `pin`, checking it is a prog array with a slot `slot`.
-fn open_prog_array(pin: &Path, slot: u32) -> Result<OwnedFd> {
-    let array = sys::obj_get(pin).with_context(|| format!("opening prog array {}", pin.display()))?;
-    let info = sys::map_info(array.as_fd()).with_context(|| format!("reading {}'s map info", pin.display()))?;
-    ensure!(
-        info.map_type == sys::BPF_MAP_TYPE_PROG_ARRAY,
-        "{} is a map of type {}, not a BPF_MAP_TYPE_PROG_ARRAY ({})",
-        pin.display(),
-        info.map_type,
-        sys::BPF_MAP_TYPE_PROG_ARRAY
-    );
-    ensure!(slot < info.max_entries, "{} has {} slots, no slot {slot}", pin.display(), info.max_entries);
+fn open_prog_array(pin: &Path, slot: u32) -> Result<MapData> {
+    let array = MapData::from_pin(pin).with_context(|| format!("opening prog array {}", pin.display()))?;
+    let info = array.info().with_context(|| format!("reading {}'s map info", pin.display()))?;
+    let kind = info.map_type().with_context(|| format!("reading {}'s map type", pin.display()))?;
+    ensure!(kind == MapType::ProgramArray, "{} is a {kind:?}, not a BPF_MAP_TYPE_PROG_ARRAY", pin.display());
+    ensure!(slot < info.max_entries(), "{} has {} slots, no slot {slot}", pin.display(), info.max_entries());
     Ok(array)
 }
 
-/// The id of the program in a prog array's slot, `None` if the slot is empty (userspace lookups
-/// of a prog array return program ids).
-fn slot_prog_id(array: BorrowedFd<'_>, slot: u32) -> Result<Option<u32>> {
-    let mut id = [0u8; 4];
-    match sys::map_lookup(array, &slot.to_ne_bytes(), &mut id) {
-        Ok(()) => Ok(Some(u32::from_ne_bytes(id))),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The number of possible CPUs (`/sys/devices/system/cpu/possible`, e.g. `0-1` or `0,2-3`):
-/// per-CPU maps return one value per possible CPU.
-fn possible_cpus() -> Result<usize> {
-    let path = "/sys/devices/system/cpu/possible";
-    let text = fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    let mut max = None;
-    for range in text.trim().split(',') {
-        let last = range.rsplit('-').next().unwrap_or(range);
-        let n: usize = last.parse().with_context(|| format!("parsing {path}: {text:?}"))?;
-        max = max.max(Some(n));
-    }
-    max.map(|m| m + 1).with_context(|| format!("no CPUs in {path}: {text:?}"))
-}
-
-/// Bytes as lowercase hex pairs separated by spaces (the form `bpftool map update ... hex` takes).
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
+/// [`open_prog_array`], to write.
+fn prog_array(pin: &Path, slot: u32) -> Result<ProgramArray<MapData>> {
+    Ok(ProgramArray::try_from(Map::ProgramArray(open_prog_array(pin, slot)?))?)
 }
 
 fn next_seq() -> String {
@@ -534,132 +502,4 @@ fn tail(bytes: &[u8]) -> String {
         start += 1;
     }
     format!("[... {start} bytes cut ...]\n{}", &text[start..])
-}
-
-/// The few `bpf(2)` commands this module needs, with `union bpf_attr` prefixes laid out as the
-/// kernel reads them (`include/uapi/linux/bpf.h`).
-mod sys {
-    use super::*;
-
-    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-    pub const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
-
-    /// `bpf_attr` for BPF_MAP_*_ELEM.
-    #[repr(C)]
-    #[derive(Default)]
-    struct ElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-
-    /// `bpf_attr` for BPF_OBJ_GET.
-    #[repr(C)]
-    #[derive(Default)]
-    struct ObjAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        _pad: u32,
-    }
-
-    /// `bpf_attr` for BPF_OBJ_GET_INFO_BY_FD.
-    #[repr(C)]
-    #[derive(Default)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
-
-    /// The head of `struct bpf_map_info` (the kernel fills only `info_len` bytes).
-    #[repr(C)]
-    #[derive(Default, Debug)]
-    pub struct MapInfo {
-        pub map_type: u32,
-        pub id: u32,
-        pub key_size: u32,
-        pub value_size: u32,
-        pub max_entries: u32,
-        pub map_flags: u32,
-    }
-
-    /// The head of `struct bpf_prog_info`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct ProgInfo {
-        prog_type: u32,
-        id: u32,
-        tag: [u8; 8],
-    }
-
-    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-        // SAFETY: attr is a valid, fully initialised bpf_attr prefix for cmd, and every pointer it
-        // holds is valid for the sizes it states for the duration of the call.
-        let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T, std::mem::size_of::<T>()) };
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(rc)
-        }
-    }
-
-    pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-        let c =
-            CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let mut attr = ObjAttr { pathname: c.as_ptr() as u64, ..Default::default() };
-        let fd = bpf(BPF_OBJ_GET, &mut attr)?;
-        // SAFETY: BPF_OBJ_GET returned a new file descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-    }
-
-    fn elem(cmd: libc::c_long, map: BorrowedFd<'_>, key: &[u8], value: Option<*mut u8>) -> io::Result<()> {
-        let mut attr = ElemAttr {
-            map_fd: map.as_raw_fd() as u32,
-            key: key.as_ptr() as u64,
-            value: value.map_or(0, |v| v as u64),
-            ..Default::default()
-        };
-        bpf(cmd, &mut attr).map(drop)
-    }
-
-    /// BPF_MAP_UPDATE_ELEM with BPF_ANY; `key`/`value` must be the map's key/value size.
-    pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
-        elem(BPF_MAP_UPDATE_ELEM, map, key, Some(value.as_ptr() as *mut u8))
-    }
-
-    /// BPF_MAP_LOOKUP_ELEM; `value` must hold the map's value size (times CPUs for per-CPU maps).
-    pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<()> {
-        elem(BPF_MAP_LOOKUP_ELEM, map, key, Some(value.as_mut_ptr()))
-    }
-
-    pub fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
-        elem(BPF_MAP_DELETE_ELEM, map, key, None)
-    }
-
-    fn info<T: Default>(fd: BorrowedFd<'_>) -> io::Result<T> {
-        let mut info = T::default();
-        let mut attr = InfoAttr {
-            bpf_fd: fd.as_raw_fd() as u32,
-            info_len: std::mem::size_of::<T>() as u32,
-            info: &mut info as *mut T as u64,
-        };
-        bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-        Ok(info)
-    }
-
-    pub fn map_info(map: BorrowedFd<'_>) -> io::Result<MapInfo> {
-        info(map)
-    }
-
-    pub fn prog_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
-        info::<ProgInfo>(prog).map(|i| i.id)
-    }
 }

@@ -23,7 +23,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use pirated::lb::{katran_grpc::proto, maglev::Ring};
+use pirated::lb::{katran::RING_SIZE, katran_grpc::proto, maglev::Ring};
 use tonic::{
     body::Body,
     codegen::{http, BoxFuture, Service},
@@ -31,10 +31,7 @@ use tonic::{
     Status,
 };
 
-use crate::{
-    katran::{Katran, RING_SIZE},
-    netns::Netns,
-};
+use crate::{katran::Katran, netns::Netns};
 
 /// The server, serving on a thread of its own until dropped.
 pub struct KatranServer {

@@ -166,7 +166,7 @@ fn a_new_epoch_rolls_each_flow_over_once() -> Result<()> {
     ensure!(d[counters::NEW_FLOW as usize] == 1 && outcomes(&d) == 4, "{d:?}");
     ensure!(d[counters::EVENT_NO_FLOW_PROGRAM as usize] == 0, "a roll-over failed: {d:?}");
     ensure!(d[counters::EVENT_RECORD_SENT as usize] == 1, "{d:?}");
-    let drained = records.drain(&dp, epoch, Vec::new())?;
+    let drained = records.drain(epoch, Vec::new())?;
     ensure!(drained.flows.len() == 1, "{} flows drained for epoch {epoch}", drained.flows.len());
     ensure!(drained.flows[0].packets == 2, "{:?}", drained.flows[0]);
     Ok(())

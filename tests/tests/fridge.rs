@@ -101,7 +101,7 @@ fn pair(dp: &Datapath, samples: &mut Samples, request: Vec<u8>, response: Vec<u8
     let started = Instant::now();
     run(dp, &[request, response], Duration::from_millis(3))?;
     let took = started.elapsed();
-    let got = samples.close(dp)?.samples;
+    let got = samples.close()?.samples;
     for s in &got {
         let d = Duration::from_nanos(s.delay_ns);
         ensure!(
@@ -214,7 +214,7 @@ fn a_full_sample_ring_is_counted() -> Result<()> {
         table.packet(&pkt, |_| made += 1);
     }
     ensure!(sent + lost == made && lost > 0, "sent {sent}, lost {lost}; the same frames in userspace made {made}");
-    let read = samples.close(&dp)?.samples.len() as u64;
+    let read = samples.close()?.samples.len() as u64;
     ensure!(read == sent, "read {read} of {sent} sent");
     Ok(())
 }

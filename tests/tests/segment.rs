@@ -27,12 +27,12 @@ use pirate_tests::{
     twopoint::{TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
+    capture::read_all,
     segment::{
         clock::{self, tai_offset_ns},
         reconcile::NO_UPSTREAM,
         wire::Message,
     },
-    source::capture::read_all,
 };
 use serde_json::Value;
 

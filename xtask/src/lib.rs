@@ -1,7 +1,9 @@
-//! What the project tasks share with the tests: running commands from the workspace root, and
-//! installing pirated as a systemd service (`install`, which tests/tests/service.rs stages).
+//! What the project tasks share with the tests: running commands from the workspace root,
+//! installing pirated as a systemd service (`install`, which tests/tests/service.rs stages), and
+//! the import rule's check (`layers`).
 
 pub mod install;
+pub mod layers;
 
 use std::{
     path::{Path, PathBuf},

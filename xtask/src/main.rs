@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use xtask::{
     install::{self, Layout},
+    layers::{check, CRATES},
     root, run,
 };
 
@@ -53,6 +54,10 @@ enum Task {
         #[arg(long, default_value = install::DEFAULT_SYSCONFDIR)]
         sysconfdir: PathBuf,
     },
+    /// Checks the import rule of docs/layout.md: no import cycle within a crate, and imports
+    /// between top-level modules only down the layers (no capability imports another). `test`
+    /// runs it first.
+    Layers,
     /// Benchmarks, printed side by side with their baselines.
     Bench {
         #[command(subcommand)]
@@ -166,6 +171,7 @@ fn main() -> Result<()> {
             run(&mut Command::new(root().join("target/release/pirate-demo")))
         }
         Task::Test { args } => {
+            layers()?;
             run(&mut cargo(&["fmt", "--all", "--check"]))?;
             run(&mut cargo(&["fmt", "--manifest-path", "pirate-ebpf/Cargo.toml", "--check"]))?;
             run(&mut cargo(&["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"]))?;
@@ -186,6 +192,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::Fuzz { seconds, targets } => fuzz(&targets, seconds),
+        Task::Layers => layers(),
         Task::Install { prefix, sysconfdir } => {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
@@ -205,4 +212,20 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Rda { args } } => bench("pirate-rda-bench", &[], &args),
         Task::Bench { which: Bench::Lb { args } } => bench("pirate-lb-bench", &["pirated"], &args),
     }
+}
+
+/// The import rule over every crate it covers: each breach printed, an error if any.
+fn layers() -> Result<()> {
+    let mut breaches = 0;
+    for krate in CRATES {
+        for breach in check(&root(), krate)? {
+            eprintln!("xtask layers: {}: {breach}", krate.src);
+            breaches += 1;
+        }
+    }
+    if breaches > 0 {
+        bail!("{breaches} imports break the rule of docs/layout.md");
+    }
+    eprintln!("xtask layers: no cycle, every import down the layers ({} crates)", CRATES.len());
+    Ok(())
 }

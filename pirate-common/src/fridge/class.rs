@@ -5,7 +5,6 @@
 
 use crate::{
     ctx::PacketCtx,
-    fridge::pair_hash,
     key::FlowKey,
     parse::{
         ICMPV6_ECHO, ICMP_ECHO, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST,
@@ -125,6 +124,14 @@ fn flow(key: &FlowKey, response: bool) -> Event {
     let (a, b) = ((w[0], w[1], key.sport), (w[2], w[3], key.dport));
     let (lo, hi) = if (a.0, a.1, a.2) <= (b.0, b.1, b.2) { (a, b) } else { (b, a) };
     Event { class: TCP_FLOW, response, id: id(TCP_FLOW, lo, hi, 0) }
+}
+
+/// A 32-bit pair id from the header fields both packets of a pair carry (in the request's
+/// order: client address, server address, ports, and a per-pair field such as a sequence number
+/// or a DNS transaction id), as words.
+#[inline(always)]
+pub fn pair_hash(words: &[u64]) -> u32 {
+    crate::hash::words_hash(0x4652_4944_4745_5321, words) // "FRIDGES!"
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub const MAX_FRIDGES: usize = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
-    /// The request's pair id (see [`pair_hash`]).
+    /// The request's pair id (see [`pair_hash`](class::pair_hash)).
     pub id: u32,
     pub _pad: u32,
     pub ts_ns: u64,
@@ -192,14 +192,6 @@ pub fn response(k: usize, slot: &mut Slot, id: u32, ts_ns: u64, offered: u64) ->
     Some(sample)
 }
 
-/// A 32-bit pair id from the header fields both packets of a pair carry (in the request's
-/// order: client address, server address, ports, and a per-pair field such as a sequence number
-/// or a DNS transaction id), as words.
-#[inline(always)]
-pub fn pair_hash(words: &[u64]) -> u32 {
-    crate::hash::words_hash(0x4652_4944_4745_5321, words) // "FRIDGES!"
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,7 +204,7 @@ mod tests {
         assert!((f.p(1) - 0.125).abs() < 1e-12);
         let mut per = [0u32; 2];
         for id in 0..100_000u32 {
-            let (k, slot) = f.place(pair_hash(&[id as u64]));
+            let (k, slot) = f.place(class::pair_hash(&[id as u64]));
             per[k] += 1;
             let range = f.first_slot[k]..f.first_slot[k] + (1 << f.slots_log2[k]);
             assert!(range.contains(&slot), "{id}: fridge {k} slot {slot}");

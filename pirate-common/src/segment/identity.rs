@@ -4,7 +4,7 @@
 //! (with the 4 after the transport header the parser keeps). Left out: TTL or hop limit, DSCP and
 //! ECN (a hop may mark them), checksums and TCP's window. A NAT between the points breaks it.
 
-use super::seeded;
+use crate::hash::seeded;
 use crate::{
     ctx::PacketCtx,
     key::FAMILY_V4,

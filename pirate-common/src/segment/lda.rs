@@ -4,7 +4,7 @@
 //! `zeros[j - 1]` of them, so its sampling probability is a power of ½ less the next bank's
 //! share), and to one row of it by another hash, the same at both points.
 
-use super::{reduce, seeded};
+use crate::hash::{reduce, seeded};
 
 /// Most banks an LDA has.
 pub const MAX_BANKS: usize = 4;

@@ -3,7 +3,7 @@
 //! goes to one bucket of every bank, by an independent hash per bank, so that the difference of
 //! two points' RDAs can be peeled packet by packet.
 
-use super::{reduce, seeded};
+use crate::hash::{reduce, seeded};
 
 /// Most banks an RDA has (the paper's choice is 2).
 pub const MAX_BANKS: usize = 4;

@@ -1,40 +1,80 @@
-//! The built-in forwarder's side of the datapath: its shape, VIPs and reals, the rings (mapped
-//! into the daemon and written a half at a time), its counters and connection table, and its
-//! `FORWARD` slot.
+//! The built-in forwarder's side of the datapath: its rings and connection table sized, and its
+//! handle: its shape, VIPs and reals, the rings (mapped into the daemon and written a half at a
+//! time), its counters and connection table, and the `FORWARD` slots.
 
-use std::{net::Ipv4Addr, os::fd::AsFd};
+use std::{
+    net::Ipv4Addr,
+    os::fd::{AsFd, BorrowedFd},
+};
 
 use anyhow::{bail, Context};
-use aya::maps::{Array, HashMap, Map, ProgramArray};
+use aya::{
+    maps::{Array, HashMap, Map, MapData, ProgramArray},
+    programs::{ProgramFd, Xdp},
+    Ebpf, EbpfLoader,
+};
 use pirate_common::{
     key::FlowId,
     lb::{ring_index, LbShape, RealCounters, VipKey},
     maps,
 };
 
-use super::{percpu, Datapath};
+use super::{bpf_call, mmap::Mapped, object, percpu, spec};
 
 /// The forwarder's program.
 pub(super) const LB: &str = "pirate_lb";
 
-impl Datapath {
+/// Sizes the forwarder's rings and connection table for `spec`.
+pub(super) fn size(loader: &mut EbpfLoader<'_>, spec: &spec::Lb) {
+    loader.set_max_entries(maps::LB_RINGS, spec.ring_entries).set_max_entries(maps::LB_CONNS, spec.max_connections);
+}
+
+/// The forwarder's maps and program as the balancer drives them.
+pub struct LbMaps {
+    shape: Array<MapData, LbShape>,
+    reals: Array<MapData, [u8; 4]>,
+    vips: HashMap<MapData, VipKey, u32>,
+    halves: Array<MapData, u32>,
+    rings: Mapped,
+    counters: MapData,
+    connections: HashMap<MapData, FlowId, u32>,
+    /// `FORWARD`, a program array.
+    forward: Map,
+    /// `pirate_lb`, to register in a `FORWARD` slot.
+    program: ProgramFd,
+    /// Possible CPUs: the counters' value count.
+    cpus: usize,
+}
+
+impl LbMaps {
+    /// Takes the forwarder's maps out of the object, and a descriptor of `pirate_lb`.
+    pub(super) fn take(ebpf: &mut Ebpf, cpus: usize) -> anyhow::Result<LbMaps> {
+        let program: &Xdp = ebpf.program(LB).unwrap().try_into()?;
+        let program = program.fd()?.try_clone().context("duplicating pirate_lb's descriptor")?;
+        let rings = object::take_array(ebpf, maps::LB_RINGS)?;
+        Ok(LbMaps {
+            shape: Array::try_from(object::take(ebpf, maps::LB_SHAPE)?)?,
+            reals: Array::try_from(object::take(ebpf, maps::LB_REALS)?)?,
+            vips: HashMap::try_from(object::take(ebpf, maps::LB_VIPS)?)?,
+            halves: Array::try_from(object::take(ebpf, maps::LB_HALVES)?)?,
+            rings: Mapped::of(&rings).context("mapping LB_RINGS")?,
+            counters: object::take_per_cpu(ebpf, maps::LB_COUNTERS)?,
+            connections: HashMap::try_from(object::take(ebpf, maps::LB_CONNS)?)?,
+            forward: object::take(ebpf, maps::FORWARD)?,
+            program,
+            cpus,
+        })
+    }
+
     /// Writes the forwarder's shape, its reals (index → address) and VIPs (key → number), and
     /// drops VIPs a previous instance left that `vips` no longer has (their packets pass from
-    /// then on). Rings come after, by [`Datapath::write_ring`]; a VIP is live once in `vips`.
-    pub fn install_lb(
-        &mut self,
-        shape: LbShape,
-        reals: &[(u32, Ipv4Addr)],
-        vips: &[(VipKey, u32)],
-    ) -> anyhow::Result<()> {
-        Array::<_, LbShape>::try_from(self.ebpf.map_mut(maps::LB_SHAPE).unwrap())?
-            .set(0, shape, 0)
-            .context("writing LB_SHAPE")?;
-        let mut addrs = Array::<_, [u8; 4]>::try_from(self.ebpf.map_mut(maps::LB_REALS).unwrap())?;
+    /// then on). Rings come after, by [`LbMaps::write_ring`]; a VIP is live once in `vips`.
+    pub fn install(&mut self, shape: LbShape, reals: &[(u32, Ipv4Addr)], vips: &[(VipKey, u32)]) -> anyhow::Result<()> {
+        self.shape.set(0, shape, 0).context("writing LB_SHAPE")?;
         for &(index, addr) in reals {
-            addrs.set(index, addr.octets(), 0).with_context(|| format!("writing LB_REALS[{index}]"))?;
+            self.reals.set(index, addr.octets(), 0).with_context(|| format!("writing LB_REALS[{index}]"))?;
         }
-        let mut table = HashMap::<_, VipKey, u32>::try_from(self.ebpf.map_mut(maps::LB_VIPS).unwrap())?;
+        let table = &mut self.vips;
         for &(key, number) in vips {
             table.insert(key, number, 0).with_context(|| format!("writing LB_VIPS for {key:?}"))?;
         }
@@ -51,7 +91,7 @@ impl Datapath {
     /// ring or the new, never a mix. (A lookup that read the old half's number just before the
     /// flip still reads the old ring: the next write, an epoch later, goes there.)
     pub fn write_ring(&mut self, vip: u32, ring: &[u32]) -> anyhow::Result<()> {
-        let mut halves = Array::<_, u32>::try_from(self.ebpf.map_mut(maps::LB_HALVES).unwrap())?;
+        let halves = &mut self.halves;
         let spare = halves.get(&vip, 0).with_context(|| format!("reading LB_HALVES[{vip}]"))? ^ 1;
         let size = ring.len() as u32;
         for (pos, &real) in ring.iter().enumerate() {
@@ -62,8 +102,7 @@ impl Datapath {
 
     /// What the forwarder sent real `index`, over all CPUs.
     pub fn real_counters(&self, index: u32) -> anyhow::Result<RealCounters> {
-        let map = super::per_cpu_array(&self.ebpf, maps::LB_COUNTERS)?;
-        let per_cpu = percpu::values::<RealCounters>(map.fd().as_fd(), index, self.cpus)
+        let per_cpu = percpu::values::<RealCounters>(self.counters.fd().as_fd(), index, self.cpus)
             .with_context(|| format!("reading LB_COUNTERS[{index}]"))?;
         Ok(per_cpu.iter().fold(RealCounters::default(), |a, c| RealCounters {
             packets: a.packets + c.packets,
@@ -74,8 +113,7 @@ impl Datapath {
 
     /// The real flow `id` is held on, if the connection table has it.
     pub fn connection(&self, id: &FlowId) -> anyhow::Result<Option<u32>> {
-        let table = HashMap::<_, FlowId, u32>::try_from(self.ebpf.map(maps::LB_CONNS).unwrap())?;
-        match table.get(id, 0) {
+        match self.connections.get(id, 0) {
             Ok(real) => Ok(Some(real)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e).context("reading LB_CONNS"),
@@ -84,24 +122,28 @@ impl Datapath {
 
     /// Puts `pirate_lb` into `FORWARD` slot `position`.
     pub fn register_forwarder(&mut self, position: u32) -> anyhow::Result<()> {
-        let program: &aya::programs::Xdp = self.ebpf.program(LB).unwrap().try_into()?;
-        let fd = program.fd()?.try_clone().context("duplicating pirate_lb's descriptor")?;
-        ProgramArray::try_from(self.ebpf.map_mut(maps::FORWARD).unwrap())?
-            .set(position, &fd, 0)
+        ProgramArray::try_from(&mut self.forward)?
+            .set(position, &self.program, 0)
             .with_context(|| format!("registering pirate_lb in FORWARD slot {position}"))
     }
 
     /// The id of the program in `FORWARD` slot `position`, if one is registered there.
     pub fn forwarder_program(&self, position: u32) -> anyhow::Result<Option<u32>> {
-        let Map::ProgramArray(forward) = self.ebpf.map(maps::FORWARD).unwrap() else {
+        let Map::ProgramArray(forward) = &self.forward else {
             bail!("FORWARD is not a program array: pirated and its XDP object were built apart");
         };
-        let mut id = [0u32];
-        // SAFETY: a program array's entries read back as the program's u32 id.
-        match unsafe { super::bpf_call::lookup(forward.fd().as_fd(), position, &mut id) } {
-            Ok(()) => Ok(Some(id[0])),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading FORWARD slot {position}")),
-        }
+        program_in_slot(forward.fd().as_fd(), position).with_context(|| format!("reading FORWARD slot {position}"))
+    }
+}
+
+/// The id of the program in slot `slot` of the program array `array`, if the slot holds one (aya
+/// writes program arrays but does not read them).
+pub fn program_in_slot(array: BorrowedFd<'_>, slot: u32) -> std::io::Result<Option<u32>> {
+    let mut id = [0u32];
+    // SAFETY: a program array's entries read back as the program's u32 id.
+    match unsafe { bpf_call::lookup(array, slot, &mut id) } {
+        Ok(()) => Ok(Some(id[0])),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
     }
 }

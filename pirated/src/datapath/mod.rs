@@ -1,15 +1,20 @@
 //! The one place that loads, attaches and pins the XDP chain (`pirate_root`, which attaches, and
-//! the capability programs it tail-calls through `CHAIN`), advances the epoch and hands out the
-//! maps the capabilities drain. `table` maps `pirate`'s flow table into the daemon; `test_run`
-//! and `percpu` are the kernel calls pirated makes without aya (`bpf_call`).
+//! the capability programs it tail-calls through `CHAIN`), advances the epoch, and hands each
+//! capability the handle of its own maps (`pirate`, `fridge`, `lb`, `segment`: each also sizes
+//! and configures its maps at load). `table` maps `pirate`'s flow table into the daemon;
+//! `test_run` and `percpu` are the kernel calls pirated makes without aya (`bpf_call`).
 
 mod bpf_call;
-mod lb;
+pub mod fridge;
+pub mod lb;
 pub mod memlock;
 mod mmap;
+mod object;
 pub mod percpu;
 pub mod pins;
+pub mod pirate;
 mod privileges;
+pub mod ring;
 pub mod segment;
 pub mod spec;
 pub mod table;
@@ -17,14 +22,14 @@ pub mod test_run;
 
 use std::{
     fs,
-    os::fd::{AsFd, AsRawFd},
+    os::fd::AsFd,
     path::Path,
     sync::atomic::{AtomicU32, Ordering},
 };
 
 use anyhow::{anyhow, bail, Context};
 use aya::{
-    maps::{Array, Map, MapData, ProgramArray},
+    maps::{Array, ProgramArray},
     programs::{
         links::{FdLink, PinnedLink},
         xdp::{XdpLink, XdpLinkId},
@@ -35,18 +40,19 @@ use aya::{
 use pirate_common::{
     counters,
     ctx::{CHAIN_FRIDGE, CHAIN_PIRATE, CHAIN_SEGMENT},
-    fridge::{Fridges, MAX_FRIDGES},
     maps,
-    pirate::{layout::Layout, table::sets_for},
-    segment::SegmentShape,
+    pirate::layout::Layout,
 };
 use tracing::{info, warn};
 
+use fridge::FridgeMaps;
+use lb::LbMaps;
 use pins::PinDir;
+use pirate::PirateMaps;
 pub use privileges::NEEDS_ROOT;
 use privileges::{has_capability, CAP_PERFMON};
+use segment::SegmentMaps;
 pub use spec::{AttachMode, OnExit, Spec};
-use table::FlowTable;
 
 /// The XDP object built from `pirate-ebpf` by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("PIRATE_EBPF_OBJ"));
@@ -71,15 +77,12 @@ pub enum Capability {
 
 pub struct Datapath {
     ebpf: Ebpf,
-    layout: Layout,
+    /// What it was loaded for: each capability's handle takes its maps of this shape.
+    spec: Spec,
     /// The capabilities' programs, to put into (or take out of) their `CHAIN` slots.
     pirate: ProgramFd,
     fridge: ProgramFd,
     segment: ProgramFd,
-    /// Size of `pirate`'s hand-over ring buffer.
-    ring_bytes: u32,
-    /// `pirate`'s flow table, mapped.
-    table: FlowTable,
     /// The epoch the datapath was in when loaded (the pinned one, on a restart).
     epoch: u32,
     /// Where the maps and the link are pinned, once attached, and what to do with them at exit.
@@ -87,8 +90,6 @@ pub struct Datapath {
     pub attached_mode: &'static str,
     /// Possible CPUs: the per-CPU maps' value count.
     cpus: usize,
-    /// The forwarder's rings, mapped.
-    rings: mmap::Mapped,
 }
 
 /// The epoch the datapath starts in, from load.
@@ -115,46 +116,33 @@ impl Datapath {
     /// Loads the chain with its maps pinned by name in `dir`: the ones there are reused, with the
     /// epoch they hold, if `reuse` (a restart); else created and pinned.
     fn load_pinned(spec: &Spec, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
-        let (pirate, fridge, segment) = (&spec.pirate, &spec.fridge, &spec.segment);
-        let layout = pirate.layout;
-        let ring_bytes = ring_size(pirate.max_flows as usize, layout);
+        let layout = spec.pirate.layout;
         // Before 5.11 the maps count against the locked-memory limit.
         let memlock = memlock::raise().ok().flatten();
-        let mut ebpf = EbpfLoader::new()
-            .map_pin_path(dir)
-            .set_max_entries(layout.flows_map(), sets_for(pirate.max_flows))
-            .set_max_entries(layout.unused_flows_map(), 1)
-            .set_max_entries(maps::V6_NAMES, pirate.max_flows)
-            .set_max_entries(maps::RECORDS, ring_bytes)
-            .set_max_entries(maps::FRIDGE_SLOTS, fridge.shape.slots())
-            .set_max_entries(maps::FRIDGE_SAMPLES, fridge.ring_bytes)
-            .set_max_entries(maps::LB_RINGS, spec.lb.ring_entries)
-            .set_max_entries(maps::LB_CONNS, spec.lb.max_connections)
-            .set_max_entries(maps::SEGMENT_LDA, segment.lda_entries)
-            .set_max_entries(maps::SEGMENT_RDA, segment.rda_entries)
-            .set_max_entries(maps::SEGMENT_CACHE, segment.cache_ring_bytes)
-            .load(OBJECT)
-            .map_err(|e| match e {
-                aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
-                    if io_error.raw_os_error() == Some(libc::EPERM) =>
-                {
-                    match (memlock, memlock::release().map(|r| memlock::charged(&r))) {
-                        (Some(bytes), Ok(true)) => anyhow!(
-                            "creating BPF maps was refused (EPERM): this kernel (before 5.11) charges them to \
+        let mut loader = EbpfLoader::new();
+        loader.map_pin_path(dir);
+        pirate::size(&mut loader, &spec.pirate);
+        fridge::size(&mut loader, &spec.fridge);
+        lb::size(&mut loader, &spec.lb);
+        segment::size(&mut loader, &spec.segment);
+        let mut ebpf = loader.load(OBJECT).map_err(|e| match e {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EPERM) =>
+            {
+                match (memlock, memlock::release().map(|r| memlock::charged(&r))) {
+                    (Some(bytes), Ok(true)) => anyhow!(
+                        "creating BPF maps was refused (EPERM): this kernel (before 5.11) charges them to \
                              the locked-memory limit, {bytes} bytes, which pirated could not raise: run it with \
                              CAP_SYS_RESOURCE or a higher limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity)"
-                        ),
-                        _ => anyhow!("creating BPF maps was refused (EPERM): {NEEDS_ROOT}"),
-                    }
+                    ),
+                    _ => anyhow!("creating BPF maps was refused (EPERM): {NEEDS_ROOT}"),
                 }
-                e => anyhow!(e).context("loading the BPF object"),
-            })?;
+            }
+            e => anyhow!(e).context("loading the BPF object"),
+        })?;
         if let Some(missing) = maps::ALL.iter().find(|name| ebpf.map(name).is_none()) {
             bail!("the XDP object has no map {missing}: pirated and its datapath were built apart");
         }
-        Array::<_, pirate_common::pirate::config::Params>::try_from(ebpf.map_mut(maps::CONFIG).unwrap())?
-            .set(0, pirate.params, 0)
-            .context("writing CONFIG")?;
         let mut epochs = Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?;
         let epoch = if reuse {
             epochs.get(&0, 0).context("reading the pinned EPOCH")?.max(FIRST_EPOCH)
@@ -169,41 +157,31 @@ impl Datapath {
             let program: &mut Xdp = ebpf.program_mut(name).unwrap().try_into()?;
             program.load().map_err(|e| verifier_error(name, e))?;
         }
-        let roll_over: &Xdp = ebpf.program(layout.flow_program()).unwrap().try_into()?;
-        let roll_over = roll_over.fd()?.try_clone().context("duplicating the epoch program's descriptor")?;
-        ProgramArray::try_from(ebpf.map_mut(maps::PIRATE_FLOW).unwrap())?
-            .set(0, &roll_over, 0)
-            .context("filling PIRATE_FLOW")?;
+        pirate::configure(&mut ebpf, &spec.pirate)?;
+        // Before the fridge and the segment are chained: they read their shapes from the first
+        // packet on.
+        fridge::configure(&mut ebpf, &spec.fridge)?;
+        segment::configure(&mut ebpf, &spec.segment)?;
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let fridge_program: &Xdp = ebpf.program(FRIDGE).unwrap().try_into()?;
         let fridge = fridge_program.fd()?.try_clone().context("duplicating the fridge program's descriptor")?;
         let segment_program: &Xdp = ebpf.program(SEGMENT).unwrap().try_into()?;
         let segment = segment_program.fd()?.try_clone().context("duplicating the segment program's descriptor")?;
-        let table = FlowTable::map(array(&ebpf, layout.flows_map())?).context("mapping the flow table")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
-        let rings = mmap::Mapped::of(array(&ebpf, maps::LB_RINGS)?).context("mapping LB_RINGS")?;
         let mut dp = Datapath {
             ebpf,
-            layout,
+            spec: spec.clone(),
             pirate,
             fridge,
             segment,
-            ring_bytes,
-            table,
             epoch,
             pins: None,
             attached_mode: "none",
             cpus,
-            rings,
         };
-        // Before the fridge is chained: it reads its shape from the first packet on.
-        dp.set_fridge_shape(spec.fridge.shape)?;
         dp.chain(Capability::Pirate, true)?;
         dp.chain(Capability::Fridge, spec.fridge.enabled)?;
-        Array::<_, SegmentShape>::try_from(dp.ebpf.map_mut(maps::SEGMENT_SHAPE).unwrap())?
-            .set(0, spec.segment.shape, 0)
-            .context("writing SEGMENT_SHAPE")?;
         dp.chain(Capability::Segment, spec.segment.enabled)?;
         Ok(dp)
     }
@@ -225,23 +203,6 @@ impl Datapath {
             Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             cleared => cleared.with_context(|| format!("unchaining {capability:?}")),
         }
-    }
-
-    /// Writes the fridges' shape (pirated recalibrates their entry probabilities so).
-    pub fn set_fridge_shape(&mut self, shape: Fridges) -> anyhow::Result<()> {
-        Array::<_, Fridges>::try_from(self.ebpf.map_mut(maps::FRIDGE_SHAPE).unwrap())?
-            .set(0, shape, 0)
-            .context("writing FRIDGE_SHAPE")
-    }
-
-    /// The requests offered to each fridge so far.
-    pub fn fridge_offered(&self) -> anyhow::Result<[u64; MAX_FRIDGES]> {
-        let offered = Array::<_, u64>::try_from(self.ebpf.map(maps::FRIDGE_OFFERED).unwrap())?;
-        let mut out = [0; MAX_FRIDGES];
-        for (k, slot) in out.iter_mut().enumerate() {
-            *slot = offered.get(&(k as u32), 0).context("reading FRIDGE_OFFERED")?;
-        }
-        Ok(out)
     }
 
     /// Loads the chain, pins it under `<pin_root>/<instance>` and attaches it to
@@ -297,7 +258,7 @@ impl Datapath {
         info!(
             interface = %iface,
             mode = dp.attached_mode,
-            chained = dp.layout.program(),
+            chained = dp.spec.pirate.layout.program(),
             epoch = dp.epoch,
             maps = if reuse { "reused" } else { "new" },
             "attached"
@@ -326,7 +287,7 @@ impl Datapath {
     /// Per loaded program of the chain, how many instructions the verifier walked to accept it:
     /// it rejects a program past 1 000 000, so this is the headroom left for its per-packet code.
     pub fn verified_instructions(&self) -> anyhow::Result<Vec<(&'static str, Option<u32>)>> {
-        programs(self.layout)
+        programs(self.spec.pirate.layout)
             .into_iter()
             .map(|name| {
                 let program: &Xdp = self.ebpf.program(name).unwrap().try_into()?;
@@ -342,10 +303,6 @@ impl Datapath {
         Ok(program.fd()?.as_fd())
     }
 
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
     /// From now on the datapath tags flow state with `epoch`.
     pub fn set_epoch(&mut self, epoch: u32) -> anyhow::Result<()> {
         Array::<_, u32>::try_from(self.ebpf.map_mut(maps::EPOCH).unwrap())?.set(0, epoch, 0)?;
@@ -354,7 +311,7 @@ impl Datapath {
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
-        let fd = per_cpu_array(&self.ebpf, maps::COUNTERS)?.fd().as_fd();
+        let fd = object::per_cpu_array(&self.ebpf, maps::COUNTERS)?.fd().as_fd();
         let mut out = [0u64; counters::COUNT as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = percpu::sum(fd, i as u32, self.cpus).context("reading COUNTERS")?;
@@ -362,24 +319,24 @@ impl Datapath {
         Ok(out)
     }
 
-    /// The kernel's memlock accounting of the flow table, in bytes.
-    pub fn flow_table_memlock(&self) -> anyhow::Result<u64> {
-        memlock_of_fd(array(&self.ebpf, self.layout.flows_map())?.fd().as_fd().as_raw_fd())
+    /// Pirate's maps, for its drain (once).
+    pub fn take_pirate(&mut self) -> anyhow::Result<PirateMaps> {
+        PirateMaps::take(&mut self.ebpf, &self.spec.pirate)
     }
 
-    /// Size of `pirate`'s hand-over ring buffer, in bytes.
-    pub fn ring_bytes(&self) -> u64 {
-        self.ring_bytes as u64
+    /// The fridges' maps, for the reader of their samples (once).
+    pub fn take_fridge(&mut self) -> anyhow::Result<FridgeMaps> {
+        FridgeMaps::take(&mut self.ebpf)
     }
 
-    /// `pirate`'s flow table (the configured layout's), mapped.
-    pub fn table(&self) -> &FlowTable {
-        &self.table
+    /// The forwarder's maps, for the balancer (once).
+    pub fn take_lb(&mut self) -> anyhow::Result<LbMaps> {
+        LbMaps::take(&mut self.ebpf, self.cpus)
     }
 
-    /// Takes map `name` out of the datapath, for the one reader that consumes it (a ring buffer).
-    pub fn take_map(&mut self, name: &str) -> anyhow::Result<Map> {
-        self.ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} was taken already"))
+    /// The segment's maps, for the point that reads its banks (once).
+    pub fn take_segment(&mut self) -> anyhow::Result<SegmentMaps> {
+        SegmentMaps::take(&mut self.ebpf, self.spec.segment.shape, self.cpus)
     }
 }
 
@@ -460,84 +417,5 @@ fn verifier_error(name: &str, e: ProgramError) -> anyhow::Error {
             )
         }
         e => anyhow!(e).context(format!("loading the XDP program {name}")),
-    }
-}
-
-/// The smallest ring buffer the kernel makes: a page (a ring's size must be a power of two and a
-/// whole number of pages). 4096 bytes on x86-64; 16 or 64 KiB on some arm64 kernels.
-fn min_ring_bytes() -> u32 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u32::try_from(page).unwrap_or(4096).max(4096)
-}
-
-/// Why `bytes` is no size for a ring buffer of at most `most` bytes (a configured one), if not.
-pub fn ring_bytes_refusal(bytes: u32, most: u32) -> Option<String> {
-    let least = min_ring_bytes();
-    (!bytes.is_power_of_two() || !(least..=most).contains(&bytes))
-        .then(|| format!("must be a power of two, {least}..={most}"))
-}
-
-/// The most a hand-over ring takes: about 1.6 M compact records (with the kernel's 8-byte header
-/// each).
-const MAX_RING_BYTES: usize = 256 << 20;
-
-/// Flows per record the hand-over ring holds.
-const FLOWS_PER_RECORD: usize = 4;
-
-/// Ring buffer size: a power of two of at least one page holding a record for every
-/// `FLOWS_PER_RECORD` flows, up to `MAX_RING_BYTES`. Records pile up only for the few
-/// milliseconds between two reads: the drain reads the ring as it scans the table, and pirated
-/// discards the stale ones as they arrive at any other time. A record that finds the ring full
-/// is counted (`pirated_epoch_records_lost_total`). Its pages count twice in the daemon's
-/// resident memory (the kernel maps them twice, for records that wrap around).
-fn ring_size(flows: usize, layout: Layout) -> u32 {
-    (flows.div_ceil(FLOWS_PER_RECORD) * (layout.record_size() + 8))
-        .clamp(min_ring_bytes() as usize, MAX_RING_BYTES)
-        .next_power_of_two() as u32
-}
-
-/// Map `name` of the object (checked present at load), which must be an array.
-fn array<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a MapData> {
-    match ebpf.map(name).unwrap() {
-        Map::Array(d) => Ok(d),
-        _ => bail!("{name} is not an array: pirated and its XDP object were built apart"),
-    }
-}
-
-/// Map `name` of the object, which must be a per-CPU array.
-fn per_cpu_array<'a>(ebpf: &'a Ebpf, name: &str) -> anyhow::Result<&'a MapData> {
-    match ebpf.map(name).unwrap() {
-        Map::PerCpuArray(d) => Ok(d),
-        _ => bail!("{name} is not a per-CPU array: pirated and its XDP object were built apart"),
-    }
-}
-
-/// Reads `memlock:` from /proc/self/fdinfo/<fd>, which the kernel fills for BPF maps.
-fn memlock_of_fd(fd: i32) -> anyhow::Result<u64> {
-    let info = fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("memlock:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| anyhow!("no memlock in fdinfo"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The ring holds a record per `FLOWS_PER_RECORD` flows up to its ceiling, so every
-    /// `max_flows` that `check` accepts also loads (the kernel wants a power-of-two number of
-    /// pages).
-    #[test]
-    fn the_ring_holds_a_record_per_four_flows_up_to_its_ceiling() {
-        let record = Layout::Compact.record_size() + 8;
-        for flows in [1, 100, 65_536, 1 << 20, 4_000_000, 1 << 24] {
-            let bytes = ring_size(flows, Layout::Compact) as usize;
-            let least = min_ring_bytes() as usize;
-            assert!(bytes.is_power_of_two() && (least..=MAX_RING_BYTES).contains(&bytes), "{flows}: {bytes}");
-            let want = flows.div_ceil(FLOWS_PER_RECORD) * record;
-            assert!(bytes >= want.min(MAX_RING_BYTES), "{flows} flows, {bytes} bytes");
-        }
     }
 }

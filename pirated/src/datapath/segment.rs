@@ -1,16 +1,35 @@
-//! The segment's maps out of the live datapath: each half of the per-CPU banks read (merged
-//! over CPUs: every aggregate is a sum or an XOR) and cleared, and the packet cache's ring.
+//! The segment's side of the datapath: its banks and cache ring sized, its shape written, and
+//! its handle: each half of the per-CPU banks read (merged over CPUs: every aggregate is a sum
+//! or an XOR) and cleared, and the packet cache's ring.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
-use anyhow::{bail, Context};
-use aya::maps::{Map, MapData, RingBuf};
+use anyhow::Context;
+use aya::{
+    maps::{Array, MapData, RingBuf},
+    Ebpf, EbpfLoader,
+};
 use pirate_common::{
     maps,
     segment::{lda::LdaCell, rda::RdaBucket, CacheEntry, Seen, SegmentShape},
 };
 
-use super::{bpf_call, percpu, Datapath};
+use super::{bpf_call, object, percpu, spec};
+
+/// Sizes the segment's banks and packet cache ring for `spec`.
+pub(super) fn size(loader: &mut EbpfLoader<'_>, spec: &spec::Segment) {
+    loader
+        .set_max_entries(maps::SEGMENT_LDA, spec.lda_entries)
+        .set_max_entries(maps::SEGMENT_RDA, spec.rda_entries)
+        .set_max_entries(maps::SEGMENT_CACHE, spec.cache_ring_bytes);
+}
+
+/// Writes the segment's shape, before the segment program is chained.
+pub(super) fn configure(ebpf: &mut Ebpf, spec: &spec::Segment) -> anyhow::Result<()> {
+    Array::<_, SegmentShape>::try_from(ebpf.map_mut(maps::SEGMENT_SHAPE).unwrap())?
+        .set(0, spec.shape, 0)
+        .context("writing SEGMENT_SHAPE")
+}
 
 /// One half of a point's banks as read: one interval's record, if the half held only it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -33,25 +52,19 @@ pub struct SegmentMaps {
     cpus: usize,
 }
 
-impl Datapath {
-    /// Hands the segment's maps over (once).
-    pub fn take_segment(&mut self, shape: SegmentShape) -> anyhow::Result<SegmentMaps> {
-        let per_cpu = |dp: &mut Datapath, name| match dp.take_map(name)? {
-            Map::PerCpuArray(d) => Ok(d),
-            _ => bail!("{name} is not a per-CPU array: pirated and its XDP object were built apart"),
-        };
+impl SegmentMaps {
+    /// Takes the segment's maps out of the object, for banks of `shape`.
+    pub(super) fn take(ebpf: &mut Ebpf, shape: SegmentShape, cpus: usize) -> anyhow::Result<SegmentMaps> {
         Ok(SegmentMaps {
             shape,
-            seen: per_cpu(self, maps::SEGMENT_SEEN)?,
-            lda: per_cpu(self, maps::SEGMENT_LDA)?,
-            rda: per_cpu(self, maps::SEGMENT_RDA)?,
-            cache: RingBuf::try_from(self.take_map(maps::SEGMENT_CACHE)?)?,
-            cpus: self.cpus,
+            seen: object::take_per_cpu(ebpf, maps::SEGMENT_SEEN)?,
+            lda: object::take_per_cpu(ebpf, maps::SEGMENT_LDA)?,
+            rda: object::take_per_cpu(ebpf, maps::SEGMENT_RDA)?,
+            cache: RingBuf::try_from(object::take(ebpf, maps::SEGMENT_CACHE)?)?,
+            cpus,
         })
     }
-}
 
-impl SegmentMaps {
     /// Half `interval & 1`, as interval `interval` left it.
     pub fn read(&self, interval: u64) -> anyhow::Result<Banks> {
         let half = (interval & 1) as u32;

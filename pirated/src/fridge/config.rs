@@ -11,7 +11,7 @@ use pirate_common::fridge::{
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{
-    datapath::{ring_bytes_refusal, spec},
+    datapath::{ring, spec},
     value::{refuse, Dur},
 };
 
@@ -130,7 +130,7 @@ impl FridgeConfig {
         if self.sla.len() > MAX_SLAS || self.sla.iter().any(|d| d.0.is_zero()) {
             return refuse(&["fridge.sla"], format!("fridge.sla: at most {MAX_SLAS} thresholds, each above 0"));
         }
-        if let Some(why) = ring_bytes_refusal(self.ring_bytes, MAX_FRIDGE_RING) {
+        if let Some(why) = ring::bytes_refusal(self.ring_bytes, MAX_FRIDGE_RING) {
             return refuse(&["fridge.ring_bytes"], format!("fridge.ring_bytes = {}: {why}", self.ring_bytes));
         }
         Ok(())

@@ -2,22 +2,15 @@
 //! something (samples are never stale, unlike `pirate`'s records), and the requests offered to
 //! each fridge read at every epoch's close.
 
-use std::{
-    os::fd::{AsRawFd, RawFd},
-    time::Instant,
-};
+use std::{os::fd::RawFd, time::Instant};
 
-use aya::maps::{MapData, RingBuf};
-use pirate_common::{
-    fridge::{Fridges, Sample, MAX_FRIDGES},
-    maps,
-};
+use pirate_common::fridge::{Fridges, Sample, MAX_FRIDGES};
 
 use super::report::FridgeEpoch;
-use crate::datapath::Datapath;
+use crate::datapath::{fridge::FridgeMaps, Datapath};
 
 pub struct Samples {
-    ring: RingBuf<MapData>,
+    maps: FridgeMaps,
     pending: Vec<Sample>,
     /// The shape the datapath runs with.
     shape: Fridges,
@@ -27,20 +20,26 @@ pub struct Samples {
 }
 
 impl Samples {
+    /// The fridges' maps, running with `shape`.
+    pub fn new(maps: FridgeMaps, shape: Fridges) -> anyhow::Result<Samples> {
+        let offered = maps.offered()?;
+        Ok(Samples { maps, pending: Vec::new(), shape, offered, closed: Instant::now() })
+    }
+
+    /// The fridges' maps taken out of `dp`, running with `shape`.
     pub fn take(dp: &mut Datapath, shape: Fridges) -> anyhow::Result<Samples> {
-        let ring = RingBuf::try_from(dp.take_map(maps::FRIDGE_SAMPLES)?)?;
-        let offered = dp.fridge_offered()?;
-        Ok(Samples { ring, pending: Vec::new(), shape, offered, closed: Instant::now() })
+        Samples::new(dp.take_fridge()?, shape)
     }
 
     /// The descriptor to wait for samples on.
     pub fn fd(&self) -> RawFd {
-        self.ring.as_raw_fd()
+        self.maps.samples_fd()
     }
 
     /// Moves what the ring holds into the epoch's samples.
     pub fn collect(&mut self) {
-        while let Some(item) = self.ring.next() {
+        let ring = self.maps.samples();
+        while let Some(item) = ring.next() {
             if item.len() >= size_of::<Sample>() {
                 // SAFETY: the datapath writes whole `Sample`s; read unaligned from ring memory.
                 self.pending.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const Sample) });
@@ -49,9 +48,9 @@ impl Samples {
     }
 
     /// Closes the fridges' epoch: its samples, and the requests offered since the last close.
-    pub fn close(&mut self, dp: &Datapath) -> anyhow::Result<FridgeEpoch> {
+    pub fn close(&mut self) -> anyhow::Result<FridgeEpoch> {
         self.collect();
-        let (offered, now) = (dp.fridge_offered()?, Instant::now());
+        let (offered, now) = (self.maps.offered()?, Instant::now());
         let epoch = FridgeEpoch {
             samples: std::mem::take(&mut self.pending),
             offered: std::array::from_fn(|k| offered[k].saturating_sub(self.offered[k])),
@@ -63,8 +62,8 @@ impl Samples {
     }
 
     /// The datapath now runs with `shape` (recalibrated).
-    pub fn reshape(&mut self, dp: &mut Datapath, shape: Fridges) -> anyhow::Result<()> {
-        dp.set_fridge_shape(shape)?;
+    pub fn reshape(&mut self, shape: Fridges) -> anyhow::Result<()> {
+        self.maps.set_shape(shape)?;
         self.shape = shape;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! after delays log-uniform from 1 µs to T (optionally a tail out to 16 T), and a trace's run
 //! through fridges. What the simulator's benchmark and the estimators' tests measure on.
 
-use pirate_common::fridge::{pair_hash, Fridges, Sample, MAX_FRIDGES};
+use pirate_common::fridge::{class::pair_hash, Fridges, Sample, MAX_FRIDGES};
 
 use super::table::FridgeTable;
 use crate::rng::uniform;

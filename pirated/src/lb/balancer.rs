@@ -18,9 +18,11 @@ use super::{
     katran_driver::Driver,
     pool::Pool,
 };
-use crate::{datapath::Datapath, pirate::report::EpochReport};
+use crate::datapath::lb::LbMaps;
 
 pub struct Balancer {
+    /// The forwarder's maps (and its `FORWARD` slots, where Katran registers too).
+    maps: LbMaps,
     pools: Vec<Pool>,
     /// Each VIP's pool.
     vips: HashMap<VipKey, usize>,
@@ -106,8 +108,8 @@ impl LbEpoch {
 }
 
 impl Balancer {
-    /// Every VIP's ring at equal weights.
-    pub fn new(config: &LbConfig) -> anyhow::Result<Balancer> {
+    /// Every VIP's ring at equal weights, installed in `maps` (`Balancer::install`).
+    pub fn start(config: &LbConfig, maps: LbMaps) -> anyhow::Result<Balancer> {
         let mut first = 1; // real index 0 is "no real"
         let mut pools = Vec::with_capacity(config.vips.len());
         for vip in &config.vips {
@@ -121,7 +123,8 @@ impl Balancer {
             }
         };
         let vips = pools.iter().enumerate().map(|(v, p)| (p.key(), v)).collect();
-        Ok(Balancer {
+        let mut balancer = Balancer {
+            maps,
             pools,
             vips,
             shape: config.shape(),
@@ -129,13 +132,15 @@ impl Balancer {
             adaptive: config.adaptive,
             position: config.position,
             forwarder,
-        })
+        };
+        balancer.install()?;
+        Ok(balancer)
     }
 
     /// Installs the VIPs, reals and rings and registers the built-in forwarder in its slot,
     /// from when on packets to the VIPs are forwarded; Katran registers itself, and is driven
     /// from when it is found there.
-    pub fn start(&mut self, dp: &mut Datapath) -> anyhow::Result<()> {
+    fn install(&mut self) -> anyhow::Result<()> {
         match &mut self.forwarder {
             Forwarder::Builtin => {
                 let reals: Vec<(u32, Ipv4Addr)> = self
@@ -144,57 +149,63 @@ impl Balancer {
                     .flat_map(|p| p.reals.iter().enumerate().map(|(i, &r)| (p.first + i as u32, r)))
                     .collect();
                 let vips: Vec<(VipKey, u32)> = self.vips.iter().map(|(&k, &v)| (k, v as u32)).collect();
-                dp.install_lb(self.shape, &reals, &vips)?;
+                self.maps.install(self.shape, &reals, &vips)?;
                 for (v, pool) in self.pools.iter().enumerate() {
-                    dp.write_ring(v as u32, &pool.ring_of_indices())?;
+                    self.maps.write_ring(v as u32, &pool.ring_of_indices())?;
                 }
-                dp.register_forwarder(self.position)
+                self.maps.register_forwarder(self.position)
             }
-            Forwarder::Katran(driver) => driver.refresh(dp, &self.pools),
+            Forwarder::Katran(driver) => driver.refresh(&self.maps, &self.pools),
         }
     }
 
     /// The real (a position in VIP `v`'s pool) flow `key` is held on, if known.
-    fn real_of(&mut self, dp: &Datapath, v: usize, key: &FlowKey, epoch: u32) -> anyhow::Result<Option<usize>> {
+    fn real_of(&mut self, v: usize, key: &FlowKey, epoch: u32) -> anyhow::Result<Option<usize>> {
         let pool = &self.pools[v];
         match &mut self.forwarder {
-            Forwarder::Builtin => Ok(dp
+            Forwarder::Builtin => Ok(self
+                .maps
                 .connection(&FlowId::of(key))?
                 .and_then(|index| index.checked_sub(pool.first).map(|r| r as usize).filter(|&r| r < pool.reals.len()))),
             Forwarder::Katran(driver) => driver.real_of(v, pool, key, epoch),
         }
     }
 
-    fn write_ring(&mut self, dp: &mut Datapath, v: usize, old: &[u32]) -> anyhow::Result<()> {
+    fn write_ring(&mut self, v: usize, old: &[u32]) -> anyhow::Result<()> {
         let pool = &self.pools[v];
         match &mut self.forwarder {
-            Forwarder::Builtin => dp.write_ring(v as u32, &pool.ring_of_indices()),
+            Forwarder::Builtin => self.maps.write_ring(v as u32, &pool.ring_of_indices()),
             Forwarder::Katran(driver) => driver.reweigh(v, pool, old),
         }
     }
 
-    fn real_counters(&self, dp: &Datapath, pool: &Pool, real: usize) -> anyhow::Result<RealCounters> {
+    fn real_counters(&self, pool: &Pool, real: usize) -> anyhow::Result<RealCounters> {
         match &self.forwarder {
-            Forwarder::Builtin => dp.real_counters(pool.first + real as u32),
+            Forwarder::Builtin => self.maps.real_counters(pool.first + real as u32),
             Forwarder::Katran(driver) => driver.real_counters(pool, real),
         }
     }
 
-    /// One epoch: each real's latency and freshness from the flows `report` estimated, a step
-    /// of each VIP's controller (if adaptive), its ring rewritten if the weights moved.
-    pub fn step(&mut self, dp: &mut Datapath, report: &EpochReport) -> anyhow::Result<LbEpoch> {
+    /// One epoch: each real's latency and freshness from the epoch's flows (each with its
+    /// latency estimate and batches, if it has one), a step of each VIP's controller (if
+    /// adaptive), its ring rewritten if the weights moved.
+    pub fn step<'a>(
+        &mut self,
+        epoch: u32,
+        flows: impl IntoIterator<Item = (&'a FlowKey, Option<(f64, u64)>)>,
+    ) -> anyhow::Result<LbEpoch> {
         let mut out = LbEpoch::default();
         if let Forwarder::Katran(driver) = &mut self.forwarder {
-            driver.refresh(dp, &self.pools)?;
+            driver.refresh(&self.maps, &self.pools)?;
         }
         // Each pool's flows, in one pass over the epoch's: (real, estimate and batches).
-        let mut flows: Vec<Vec<FlowFigure>> = vec![Vec::new(); self.pools.len()];
-        for (flow, est) in report.flows.iter().zip(&report.estimates) {
-            let Some(&v) = VipKey::of(&flow.key).and_then(|k| self.vips.get(&k)) else { continue };
-            let Some(real) = self.real_of(dp, v, &flow.key, report.epoch)? else { continue };
-            flows[v].push((real, est.of(report.estimator).map(|e| (e.estimate_ns, e.batches))));
+        let mut per_pool: Vec<Vec<FlowFigure>> = vec![Vec::new(); self.pools.len()];
+        for (key, figure) in flows {
+            let Some(&v) = VipKey::of(key).and_then(|k| self.vips.get(&k)) else { continue };
+            let Some(real) = self.real_of(v, key, epoch)? else { continue };
+            per_pool[v].push((real, figure));
         }
-        for (v, flows) in flows.iter().enumerate() {
+        for (v, flows) in per_pool.iter().enumerate() {
             let stats = per_real(flows, self.pools[v].reals.len());
             let name = self.pools[v].name();
             if self.adaptive {
@@ -203,7 +214,7 @@ impl Balancer {
                 if step.moved > 0.0 || step.regressed {
                     let old = pool.ring_of_indices();
                     let moved = pool.ring.reweigh(&pool.ring_weights())?;
-                    self.write_ring(dp, v, &old)?;
+                    self.write_ring(v, &old)?;
                     out.moves.push(Move { vip: name.clone(), weight: step.moved, entries: moved });
                 }
             }
@@ -211,7 +222,7 @@ impl Balancer {
             let counts = pool.ring.counts();
             let size: u64 = counts.iter().sum();
             for (i, s) in stats.iter().enumerate() {
-                let RealCounters { packets, bytes, connections } = self.real_counters(dp, pool, i)?;
+                let RealCounters { packets, bytes, connections } = self.real_counters(pool, i)?;
                 out.reals.push(RealEpoch {
                     vip: name.clone(),
                     real: pool.reals[i],
@@ -230,7 +241,7 @@ impl Balancer {
         match &mut self.forwarder {
             Forwarder::Builtin => out.forwarder_up = true,
             Forwarder::Katran(driver) => {
-                driver.end_epoch(report.epoch);
+                driver.end_epoch(epoch);
                 out.forwarder_up = driver.is_up();
                 out.control_failures = driver.failures();
             }

@@ -22,8 +22,10 @@ use crate::datapath::percpu;
 
 /// Katran's `RING_SIZE` (`balancer_consts.h`): positions in each VIP's ring, compiled in.
 pub const RING_SIZE: u32 = 65_537;
-/// Katran's `INIT_JHASH_SEED`: `CH_RINGS_SIZE`, its default `MAX_VIPS` (512) rings.
-const JHASH_SEED: u32 = 512 * RING_SIZE;
+/// Katran's default `MAX_VIPS` (`balancer_consts.h`): the rings in `ch_rings`.
+pub const MAX_VIPS: u32 = 512;
+/// Katran's `INIT_JHASH_SEED`: `CH_RINGS_SIZE`, `MAX_VIPS` rings.
+const JHASH_SEED: u32 = MAX_VIPS * RING_SIZE;
 
 /// Katran's maps, found through its program.
 pub struct Katran {
@@ -75,7 +77,7 @@ impl Katran {
         let (rings, positions) = take("ch_rings", 4, 4)?;
         ensure!(
             positions == JHASH_SEED,
-            "Katran's ch_rings has {positions} positions: this module assumes MAX_VIPS = 512 rings of RING_SIZE = {RING_SIZE}"
+            "Katran's ch_rings has {positions} positions: this module assumes MAX_VIPS = {MAX_VIPS} rings of RING_SIZE = {RING_SIZE}"
         );
         let (reals_stats, _) = take("reals_stats", 4, 16)?;
         let (lru_miss_stats, _) = take("lru_miss_stats", 4, 4)?;
@@ -104,7 +106,7 @@ impl Katran {
 
     /// The real id at `position` of VIP `vip_num`'s ring (0: none).
     pub fn ring_real(&self, vip_num: u32, position: u32) -> anyhow::Result<u32> {
-        let key = vip_num * RING_SIZE + position;
+        let key = ring_key(vip_num, position);
         self.rings.get(&key, 0).with_context(|| format!("reading Katran's ch_rings[{key}]"))
     }
 
@@ -131,9 +133,9 @@ impl Katran {
     /// counted per real (Katran's `vip_miss_stats` names one VIP).
     pub fn add_vip(&mut self, vip: SocketAddrV4, proto: u8, vip_num: u32) -> anyhow::Result<()> {
         let key = vip_definition(vip, proto);
-        let mut meta = [0u8; 8];
-        meta[4..].copy_from_slice(&vip_num.to_ne_bytes());
-        self.vips.insert(key, meta, 0).with_context(|| format!("writing Katran's vip_map for {vip}"))?;
+        self.vips
+            .insert(key, vip_meta(0, vip_num), 0)
+            .with_context(|| format!("writing Katran's vip_map for {vip}"))?;
         if vip_num == 0 {
             self.vip_miss_stats.set(0, key, 0).context("writing Katran's vip_miss_stats")?;
         }
@@ -142,10 +144,7 @@ impl Katran {
 
     /// Sets real `id` (from 1) to `addr` (IPIP over IPv4).
     pub fn set_real(&mut self, id: u32, addr: Ipv4Addr) -> anyhow::Result<()> {
-        // struct real_definition: 16 bytes of address (IPv4 in the first 4), flags at 16, padding.
-        let mut real = [0u8; 20];
-        real[..4].copy_from_slice(&addr.octets());
-        self.reals.set(id, real, 0).with_context(|| format!("writing Katran's reals[{id}]"))
+        self.reals.set(id, real_definition(addr), 0).with_context(|| format!("writing Katran's reals[{id}]"))
     }
 
     /// Makes `ring` (a real id per position) VIP `vip_num`'s, writing only the positions that
@@ -157,7 +156,7 @@ impl Katran {
             if old.is_some_and(|o| o[pos] == id) {
                 continue;
             }
-            let key = vip_num * RING_SIZE + pos as u32;
+            let key = ring_key(vip_num, pos as u32);
             self.rings.set(key, id, 0).with_context(|| format!("writing Katran's ch_rings[{key}]"))?;
         }
         Ok(())
@@ -187,6 +186,28 @@ pub fn vip_definition(vip: SocketAddrV4, proto: u8) -> [u8; 20] {
     key[16..18].copy_from_slice(&vip.port().to_be_bytes());
     key[18] = proto;
     key
+}
+
+/// `struct vip_meta`: its flags (`F_*` of `balancer_consts.h`; 0 hashes the client's address and
+/// both ports), then `vip_num`, host byte order.
+pub fn vip_meta(flags: u32, vip_num: u32) -> [u8; 8] {
+    let mut meta = [0u8; 8];
+    meta[..4].copy_from_slice(&flags.to_ne_bytes());
+    meta[4..].copy_from_slice(&vip_num.to_ne_bytes());
+    meta
+}
+
+/// `struct real_definition` of an IPv4 real: 16 bytes of address (IPv4 in the first 4, network
+/// order), flags at 16 (no `F_IPV6`: IPIP over IPv4), padding to 20.
+pub fn real_definition(addr: Ipv4Addr) -> [u8; 20] {
+    let mut real = [0u8; 20];
+    real[..4].copy_from_slice(&addr.octets());
+    real
+}
+
+/// The key in `ch_rings` of position `position` of VIP `vip_num`'s ring.
+pub fn ring_key(vip_num: u32, position: u32) -> u32 {
+    vip_num * RING_SIZE + position
 }
 
 /// The ring position Katran gives an IPv4 flow from `src`:`sport` to `dport`:

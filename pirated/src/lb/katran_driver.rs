@@ -15,7 +15,7 @@ use super::{
     katran_grpc::{Client, VipWeights},
     pool::Pool,
 };
-use crate::datapath::Datapath;
+use crate::datapath::lb::LbMaps;
 
 /// Epochs a flow is remembered without packets (Katran's LRU keeps it on its real meanwhile).
 const FORGET_AFTER: u32 = 64;
@@ -67,8 +67,8 @@ impl Driver {
     /// Follows the program in the slot: a new one, if Katran's, gets every VIP, real and ring
     /// (or weight) from the start; then the VIP numbers and real ids Katran lacked so far are
     /// looked for (its server adds them when it gets there).
-    pub fn refresh(&mut self, dp: &Datapath, pools: &[Pool]) -> anyhow::Result<()> {
-        let id = dp.forwarder_program(self.position)?;
+    pub fn refresh(&mut self, forwarder: &LbMaps, pools: &[Pool]) -> anyhow::Result<()> {
+        let id = forwarder.forwarder_program(self.position)?;
         // A program refused once is not looked at again: a new one has a new id.
         if id != self.found.as_ref().map(|(id, _)| *id) && (id.is_none() || id != self.refused) {
             if let Some((old, _)) = self.found.take() {

@@ -2,27 +2,21 @@
 //! the ring buffer since the epoch flip, and the rest from the flow table, read in place. Never
 //! writes to live state; it deletes from `V6_NAMES` the IPv6 addresses it has learned.
 
-use std::{
-    collections::HashMap,
-    os::fd::{AsRawFd, RawFd},
-    time::Duration,
-};
+use std::{collections::HashMap, os::fd::RawFd, time::Duration};
 
 use anyhow::{bail, Context};
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
     key::{FlowId, FlowKey, FAMILY_V6},
-    maps,
     pirate::{
         flow::EpochRecord,
-        layout::Layout,
         table::{sets_of, WAYS},
     },
     with_modes,
 };
 
 use super::flow::FlowEpoch;
-use crate::datapath::{table::FlowTable, Datapath};
+use crate::datapath::{pirate::PirateMaps, table::FlowTable, Datapath};
 
 /// What one drain found.
 pub struct Drained {
@@ -36,65 +30,74 @@ pub struct Drained {
     pub unnamed: usize,
 }
 
-/// What pirated alone consumes of `pirate`'s maps: the hand-over ring buffer, and the IPv6
-/// addresses of the flows in the table.
+/// Pirate's maps as the drain reads them (the flow table, the hand-over ring buffer), and the
+/// IPv6 addresses of the flows in the table.
 pub struct Records {
-    ring: RingBuf<MapData>,
-    layout: Layout,
+    maps: PirateMaps,
     names: Names,
 }
 
 impl Records {
+    pub fn new(maps: PirateMaps) -> Records {
+        Records { maps, names: Names { known: HashMap::new() } }
+    }
+
+    /// Pirate's maps taken out of `dp`.
     pub fn take(dp: &mut Datapath) -> anyhow::Result<Records> {
-        let ring = RingBuf::try_from(dp.take_map(maps::RECORDS)?)?;
-        let fresh = BpfHashMap::try_from(dp.take_map(maps::V6_NAMES)?)?;
-        Ok(Records { ring, layout: dp.layout(), names: Names { fresh, known: HashMap::new() } })
+        Ok(Records::new(dp.take_pirate()?))
+    }
+
+    pub fn maps(&self) -> &PirateMaps {
+        &self.maps
     }
 
     /// The descriptor to wait for records on.
     pub fn fd(&self) -> RawFd {
-        self.ring.as_raw_fd()
+        self.maps.records_fd()
     }
 
     /// Drops the records waiting. Between a drain and the next epoch flip every record is stale
     /// (a flow the drain already read from the table, touched again), so pirated empties the
     /// ring as they come and it never fills.
     pub fn discard(&mut self) {
-        while self.ring.next().is_some() {}
+        let (_, ring, _) = self.maps.parts();
+        while ring.next().is_some() {}
     }
 
     /// Flows in the flow table now.
-    pub fn tracked(&self, dp: &Datapath) -> usize {
-        with_modes!(self.layout, M => dp.table().occupied::<M>())
+    pub fn tracked(&self) -> usize {
+        with_modes!(self.maps.layout(), M => self.maps.table().occupied::<M>())
     }
 
     /// Collects epoch `closed` after the datapath moved on to `closed + 1`: flows touched since
     /// the flip handed their state over through the ring buffer; the others still hold it in the
     /// table. The flows are written into `flows`' memory (what it held is dropped).
-    pub fn drain(&mut self, dp: &Datapath, closed: u32, flows: Vec<FlowEpoch>) -> anyhow::Result<Drained> {
+    pub fn drain(&mut self, closed: u32, flows: Vec<FlowEpoch>) -> anyhow::Result<Drained> {
         // Let packets already inside the program under the old epoch finish.
         std::thread::sleep(Duration::from_millis(1));
-        self.names.learn(closed)?;
-        with_modes!(self.layout, M => drain::<M>(dp.table(), &mut self.ring, &mut self.names, closed, flows))
+        let layout = self.maps.layout();
+        let (table, ring, fresh) = self.maps.parts();
+        self.names.learn(fresh, closed)?;
+        with_modes!(layout, M => drain::<M>(table, ring, &mut self.names, closed, flows))
     }
 }
 
 /// IPv6 flows' addresses by id: learned from `V6_NAMES` (and deleted there), kept while their
 /// flow is in the table.
 struct Names {
-    fresh: BpfHashMap<MapData, FlowId, [u8; 32]>,
     /// The addresses, and the drain that last learned or needed them.
     known: HashMap<FlowId, ([u8; 32], u32)>,
 }
 
 impl Names {
-    /// Takes the addresses the datapath wrote since the last drain (`stamp`: this one's epoch).
-    fn learn(&mut self, stamp: u32) -> anyhow::Result<()> {
-        let fresh: Vec<(FlowId, [u8; 32])> = self.fresh.iter().collect::<Result<_, _>>().context("reading V6_NAMES")?;
-        for (id, addrs) in fresh {
+    /// Takes the addresses the datapath wrote into `fresh` (`V6_NAMES`) since the last drain
+    /// (`stamp`: this one's epoch).
+    fn learn(&mut self, fresh: &mut BpfHashMap<MapData, FlowId, [u8; 32]>, stamp: u32) -> anyhow::Result<()> {
+        let new: Vec<(FlowId, [u8; 32])> = fresh.iter().collect::<Result<_, _>>().context("reading V6_NAMES")?;
+        for (id, addrs) in new {
             self.known.insert(id, (addrs, stamp));
             // Already gone only if another reader took it: nothing to do then.
-            let _ = self.fresh.remove(&id);
+            let _ = fresh.remove(&id);
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use super::{
     estimate::{servers::ServerEstimate, NoFigure},
     report::EpochReport,
 };
-use crate::{config::MetricsConfig, histogram::BatchHistogram, source::Kernel};
+use crate::histogram::BatchHistogram;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
@@ -65,14 +65,11 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn register(registry: &mut Registry, config: &MetricsConfig) -> Metrics {
+    /// Families in `registry`; per-server series for at most `max_servers` servers at once, each
+    /// removed after `idle_epochs` epochs without a figure.
+    pub fn register(registry: &mut Registry, max_servers: u32, idle_epochs: u32) -> Metrics {
         let m = Metrics {
-            series: Series {
-                last: HashMap::new(),
-                epoch: 0,
-                max: config.max_servers as usize,
-                idle: config.idle_epochs as u64,
-            },
+            series: Series { last: HashMap::new(), epoch: 0, max: max_servers as usize, idle: idle_epochs as u64 },
             series_held: Gauge::default(),
             series_expired: Counter::default(),
             series_refused: Counter::default(),
@@ -168,15 +165,21 @@ impl Metrics {
         m
     }
 
-    /// Publishes one epoch: per-server gauges are replaced, counters advance (`delta`: the
-    /// kernel's counters since the last epoch).
-    pub fn publish(&mut self, report: &EpochReport, kernel: &Kernel, delta: &[u64; counters::COUNT as usize]) {
+    /// Publishes one epoch: per-server gauges are replaced, counters advance (`now`: the
+    /// kernel's counters, `delta`: since the last epoch; `tracked`: flows in the table).
+    pub fn publish(
+        &mut self,
+        report: &EpochReport,
+        tracked: usize,
+        now: &[u64; counters::COUNT as usize],
+        delta: &[u64; counters::COUNT as usize],
+    ) {
         self.publish_servers(report.servers());
         self.flow_latency.observe_all(&report.estimates, |e| Some(e.of(report.estimator)?.estimate_ns / 1e9));
-        self.flows_tracked.set(kernel.tracked as i64);
+        self.flows_tracked.set(tracked as i64);
         // pirated never deletes entries: every flow inserted and no longer in the table was
         // evicted. The counters are read before the table (`source::live`), so this never runs ahead.
-        let evicted = kernel.counters[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(kernel.tracked as u64);
+        let evicted = now[counters::EVENT_FLOW_INSERTED as usize].saturating_sub(tracked as u64);
         self.flows_evicted.inc_by(evicted.saturating_sub(self.flows_evicted.get()));
         self.flows_active.set(report.flows.len() as i64);
         for (reason, &n) in NoFigure::ALL.iter().zip(&report.withheld) {

@@ -2,6 +2,7 @@
 
 use std::{collections::BTreeMap, io::Write, net::SocketAddr};
 
+use pirate_common::key::FlowKey;
 use serde::Serialize;
 
 use crate::pirate::{
@@ -114,6 +115,13 @@ impl EpochReport {
     }
 
     /// Per server, from the selected estimator.
+    /// Each flow's key and figure from the configured estimator (its mean latency in ns and the
+    /// batches behind it), `None` without one: what the balancer weighs reals by.
+    pub fn figures(&self) -> impl Iterator<Item = (&FlowKey, Option<(f64, u64)>)> {
+        let figure = |e: &Estimates| e.of(self.estimator).map(|e| (e.estimate_ns, e.batches));
+        self.flows.iter().zip(&self.estimates).map(move |(flow, e)| (&flow.key, figure(e)))
+    }
+
     pub fn servers(&self) -> &[ServerEstimate] {
         match self.estimator {
             Estimator::Paper => &self.servers_paper,

@@ -12,7 +12,7 @@ use pirate_common::segment::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    datapath::{ring_bytes_refusal, spec},
+    datapath::{ring, spec},
     value::{refuse, Dur},
 };
 
@@ -143,7 +143,7 @@ impl SegmentConfig {
                 format!("segment.sample_zeros = {}: must be 0..=32 (a share of 2^-n)", self.sample_zeros),
             );
         }
-        if let Some(why) = ring_bytes_refusal(self.cache_ring_bytes, MAX_CACHE_RING) {
+        if let Some(why) = ring::bytes_refusal(self.cache_ring_bytes, MAX_CACHE_RING) {
             return refuse(
                 &["segment.cache_ring_bytes"],
                 format!("segment.cache_ring_bytes = {}: {why}", self.cache_ring_bytes),

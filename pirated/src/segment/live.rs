@@ -9,7 +9,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     future::Future,
     pin::Pin,
-    sync::{atomic::Ordering, Arc, Mutex},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -18,9 +18,10 @@ use pirate_common::segment::SegmentShape;
 use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use super::config::{Role, SegmentConfig};
 use super::{
     clock,
+    config::{Role, SegmentConfig},
+    metrics::Shared,
     peer::Link,
     point::{Cache, Found, Point},
     rda,
@@ -30,7 +31,6 @@ use super::{
 use crate::{
     datapath::{Capability, Datapath, Spec},
     json::Lines,
-    metrics::Metrics,
 };
 
 /// After an interval's end, how long to wait before reading its banks: packets stamped just
@@ -46,7 +46,7 @@ pub async fn spawn(
     segment: &SegmentConfig,
     down: Option<Spec>,
     dp: &mut Datapath,
-    metrics: Arc<Mutex<Metrics>>,
+    metrics: Shared,
     lines: Option<Lines>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
     if !segment.enabled() {
@@ -73,8 +73,8 @@ pub async fn spawn(
             let mut down_dp = Datapath::attach(&down_spec)?;
             down_dp.chain(Capability::Pirate, false)?;
             let (up_link, down_link) = Link::pair();
-            let up = state(true, dp.take_segment(shape)?, up_link)?;
-            let down = state(false, down_dp.take_segment(shape)?, down_link)?;
+            let up = state(true, dp.take_segment()?, up_link)?;
+            let down = state(false, down_dp.take_segment()?, down_link)?;
             info!(down = %down_spec.interface, "segment: both points in this pirated");
             Box::pin(async move {
                 // Its chain stays attached while the points run.
@@ -84,7 +84,7 @@ pub async fn spawn(
         }
         Role::Up => {
             let link = Link::connect(segment.peer.clone(), segment.key()?, shape);
-            Box::pin(state(true, dp.take_segment(shape)?, link)?.run())
+            Box::pin(state(true, dp.take_segment()?, link)?.run())
         }
         _ => {
             let listener = TcpListener::bind(segment.listen)
@@ -92,7 +92,7 @@ pub async fn spawn(
                 .with_context(|| format!("binding segment.listen {}", segment.listen))?;
             info!(listen = %segment.listen, "segment: waiting for the upstream point");
             let link = Link::listen(listener, segment.key()?, shape);
-            Box::pin(state(false, dp.take_segment(shape)?, link)?.run())
+            Box::pin(state(false, dp.take_segment()?, link)?.run())
         }
     };
     Ok(Some(tokio::spawn(async move {
@@ -120,7 +120,7 @@ struct State {
     cache: Cache,
     link: Link,
     pending: BTreeMap<u64, Pending>,
-    metrics: Arc<Mutex<Metrics>>,
+    metrics: Shared,
     lines: Option<Lines>,
     /// Why the last interval had no figures, if it had none.
     unmeasured: Option<&'static str>,
@@ -129,7 +129,8 @@ struct State {
 impl State {
     async fn run(mut self) -> anyhow::Result<()> {
         // SAFETY: the ring's descriptor belongs to `self.point`, which outlives this.
-        let cache_ready = unsafe { crate::epoch::watch(self.point.maps().cache_fd(), "the packet cache ring")? };
+        let cache_ready =
+            unsafe { crate::datapath::ring::watch(self.point.maps().cache_fd(), "the packet cache ring")? };
         let settle = settle(&self.shape);
         let mut next = self.shape.interval(clock::now());
         loop {
@@ -162,13 +163,13 @@ impl State {
         while let Ok(reason) = self.link.refusals.try_recv() {
             refused.push(reason);
         }
-        {
-            let metrics = self.metrics.lock().unwrap();
-            metrics.segment.peer(self.link.up.load(Ordering::Relaxed), refused, self.cache.take_dropped());
+        let (up, dropped) = (self.link.up.load(Ordering::Relaxed), self.cache.take_dropped());
+        (self.metrics)(&mut |m| {
+            m.peer(up, refused.iter().copied(), dropped);
             if self.upstream {
-                metrics.segment.recorded_upstream(record.packets);
+                m.recorded_upstream(record.packets);
             }
-        }
+        });
         if self.upstream {
             let _ = self.link.outgoing.try_send(Message::Record(record));
             // Downstream asks about an interval at most one interval after it ends.
@@ -251,7 +252,7 @@ impl State {
 
     fn publish(&mut self, report: &SegmentReport) {
         let started = Instant::now();
-        self.metrics.lock().unwrap().segment.publish(report);
+        (self.metrics)(&mut |m| m.publish(report));
         if let Some(lines) = &self.lines {
             let mut text = Vec::new();
             if report.write_json(&mut text).is_ok() {

@@ -2,7 +2,7 @@
 //! interval that could not be measured removes them (and is counted, by reason) rather than
 //! leaving an older interval's numbers up as if current.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::{atomic::AtomicU64, Arc};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -33,6 +33,10 @@ struct ReasonLabel {
 }
 
 type GaugeF = Gauge<f64, AtomicU64>;
+
+/// The segment's families as its live task reaches them: under the lock the exposition takes,
+/// so that a scrape never reads half an interval's figures.
+pub type Shared = Arc<dyn Fn(&mut dyn FnMut(&Metrics)) + Send + Sync>;
 
 pub struct Metrics {
     mean: Family<EstimatorLabel, GaugeF>,

@@ -18,7 +18,7 @@ use super::{
     reconcile::{reconcile, DOWNSTREAM_UNMEASURED},
     wire::Record,
 };
-use crate::source::capture::{CaptureReader, Tally};
+use crate::capture::{CaptureReader, Tally};
 
 /// Both halves of a point's banks in memory, as the per-CPU maps hold one CPU's.
 struct Banks {

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use pirate_common::segment::seeded;
+use pirate_common::hash::seeded;
 
 use crate::rng::uniform;
 

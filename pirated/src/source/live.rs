@@ -9,8 +9,7 @@ use crate::{
     config::Config,
     datapath::Datapath,
     fridge::samples::Samples,
-    lb::balancer::{Balancer, LbEpoch},
-    pirate::{drain::Records, flow::FlowEpoch, report::EpochReport},
+    pirate::{drain::Records, flow::FlowEpoch},
 };
 
 pub struct Live {
@@ -20,8 +19,6 @@ pub struct Live {
     samples: Option<Samples>,
     /// The epoch the datapath is in.
     epoch: u32,
-    /// The load balancer, if VIPs are configured.
-    balancer: Option<Balancer>,
 }
 
 impl Live {
@@ -32,20 +29,7 @@ impl Live {
             false => None,
         };
         let epoch = dp.epoch();
-        let balancer = match config.lb.enabled() {
-            true => {
-                let mut balancer = Balancer::new(&config.lb)?;
-                balancer.start(&mut dp)?;
-                Some(balancer)
-            }
-            false => None,
-        };
-        Ok(Live { dp, records, samples, epoch, balancer })
-    }
-
-    /// The balancer's step for an epoch's report, if it runs.
-    pub fn balance(&mut self, report: &EpochReport) -> anyhow::Result<Option<LbEpoch>> {
-        self.balancer.as_mut().map(|b| b.step(&mut self.dp, report)).transpose()
+        Ok(Live { dp, records, samples, epoch })
     }
 
     /// The descriptor that becomes readable when fridge samples arrive, if fridges are on.
@@ -63,14 +47,14 @@ impl Live {
     /// Runs the fridges with `shape` from now on (recalibrated entry probabilities).
     pub fn reshape_fridges(&mut self, shape: Fridges) -> anyhow::Result<()> {
         match &mut self.samples {
-            Some(s) => s.reshape(&mut self.dp, shape),
+            Some(s) => s.reshape(shape),
             None => Ok(()),
         }
     }
 
     /// Flows in the flow table now (after a restart, those the last instance left).
     pub fn tracked(&self) -> usize {
-        self.records.tracked(&self.dp)
+        self.records.tracked()
     }
 
     /// The descriptor that becomes readable when flows hand epochs over.
@@ -91,9 +75,9 @@ impl Live {
         self.dp.set_epoch(self.epoch)?;
         // Before the table: flows inserted after this read are in the table, not yet counted.
         let counters = self.dp.counters()?;
-        let drained = self.records.drain(&self.dp, closed, flows)?;
+        let drained = self.records.drain(closed, flows)?;
         let kernel = Kernel::new(counters, &drained);
-        let fridge = self.samples.as_mut().map(|s| s.close(&self.dp)).transpose()?;
+        let fridge = self.samples.as_mut().map(|s| s.close()).transpose()?;
         Ok((EpochData { epoch: closed, flows: drained.flows, fridge }, kernel))
     }
 }

@@ -1,7 +1,6 @@
 //! Where a closed epoch comes from: the live datapath or a pcap replay, the same plain data out
 //! of either, so every capability estimates and reports the same way on both.
 
-pub mod capture;
 pub mod live;
 pub mod replay;
 

@@ -14,11 +14,9 @@ use pirate_common::{
     with_modes,
 };
 
-use super::{
-    capture::{CaptureReader, Tally, JUMP_NS},
-    EpochData,
-};
+use super::EpochData;
 use crate::{
+    capture::{CaptureReader, Tally, JUMP_NS},
     config::Config,
     fridge::{report::FridgeEpoch, table::FridgeTable},
     pirate::flow::FlowEpoch,

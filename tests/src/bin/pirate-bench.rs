@@ -104,7 +104,8 @@ fn main() -> Result<()> {
     }
     // The epoch drain over the full table (pirated does this once per epoch).
     let started = std::time::Instant::now();
-    let tracked = Records::take(&mut dp)?.drain(&dp, 0, Vec::new())?.tracked;
+    let mut records = Records::take(&mut dp)?;
+    let tracked = records.drain(0, Vec::new())?.tracked;
     let drain = started.elapsed();
 
     let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
@@ -116,11 +117,11 @@ fn main() -> Result<()> {
     dp.chain(Capability::Fridge, true)?;
 
     let counters = dp.counters()?;
-    let memlock = dp.flow_table_memlock()?;
+    let (pirate, memlock) = (records.maps(), records.maps().table_memlock()?);
     println!(
         "datapath benchmark: BPF_PROG_TEST_RUN, {tracked} flows in the table (max {}), layout {:?}",
         config.max_flows,
-        dp.layout()
+        pirate.layout()
     );
     println!("{:<60} {:>10} {:>10} {:>10} {:>7}", "", "chain ns", "bare ns", "added ns", "ratio");
     let same = format!("x{} per call, 64 flows", args.repeat);
@@ -137,9 +138,9 @@ fn main() -> Result<()> {
     }
     println!(
         "memory per flow: id+state {} B; kernel memlock / max_flows {:.1} B; hand-over ring {:.1} B",
-        dp.layout().entry_size(),
+        pirate.layout().entry_size(),
         memlock as f64 / config.max_flows as f64,
-        dp.ring_bytes() as f64 / config.max_flows as f64,
+        pirate.ring_bytes() as f64 / config.max_flows as f64,
     );
     println!(
         "epoch drain of {tracked} flows: {:.1} ms (the table read in place, includes a 1 ms grace period)",

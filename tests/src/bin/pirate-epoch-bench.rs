@@ -138,7 +138,8 @@ fn main() -> Result<()> {
         let mut dp = Datapath::load(&config.datapath())?;
         // The flows fill the sets' ways in order (where each lands does not matter to the
         // drain); the table's spare quarter stays empty.
-        let table = dp.table();
+        let mut records = Records::take(&mut dp)?;
+        let table = records.maps().table();
         for i in 0..(n as usize).div_ceil(WAYS) {
             let flow = |w: usize| (i * WAYS + w) as u32;
             let set = Set::<MODES_COMPACT> {
@@ -150,20 +151,19 @@ fn main() -> Result<()> {
             };
             table.write(i, &set);
         }
-        let mut records = Records::take(&mut dp)?;
         let counters = dp.counters()?;
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
         // each epoch filling the last one's vectors, sized at start for the table it finds.
         let (pipeline, mut metrics) = (Pipeline::new(&config.pirate, false), Metrics::new(&config.metrics));
         let started = Instant::now();
-        let tracked = records.tracked(&dp);
+        let tracked = records.tracked();
         let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));
         let start = ms(started);
         let mut runs = Vec::new();
         for _ in 0..args.epochs {
             let started = Instant::now();
-            let drained = records.drain(&dp, EPOCH, flows)?;
+            let drained = records.drain(EPOCH, flows)?;
             let drain = ms(started);
             if drained.flows.len() != n as usize {
                 bail!("drained {} flows of {n}", drained.flows.len());
@@ -179,7 +179,7 @@ fn main() -> Result<()> {
             runs.push([drain, estimate, publish]);
         }
         // With --output json: both estimators' figures, and every line written.
-        let flows = records.drain(&dp, EPOCH, flows)?.flows;
+        let flows = records.drain(EPOCH, flows)?.flows;
         let started = Instant::now();
         let report = Pipeline::new(&config.pirate, true).run(EpochData { epoch: EPOCH, flows, fridge: None }, scratch);
         let json_estimate = ms(started);

@@ -17,7 +17,7 @@ use pirate_common::{
     pirate::config::MODES_WIDE,
 };
 
-use super::{Ends, FlowEstimate};
+use super::figure::{Ends, FlowEstimate};
 use crate::pirate::flow::{Mode, ModeSlice};
 
 #[derive(Clone, Copy, Debug)]

@@ -3,7 +3,7 @@
 
 use pirate_common::pirate::{config::MODES_WIDE, modes::Epsilon};
 
-use super::{Ends, FlowEstimate};
+use super::figure::{Ends, FlowEstimate};
 use crate::pirate::flow::{Mode, ModeList};
 
 /// A flow's modes joined where they lie within ε of each other: with a span cap

@@ -2,7 +2,7 @@
 //! mode, and the mean response latency is Σ_{m_i ≤ IBG} Pr(m_i)/Pr(IBG)·m_i — the total of
 //! the gaps up to the IBG over the number of IBG gaps (batches).
 
-use super::{Ends, FlowEstimate};
+use super::figure::{Ends, FlowEstimate};
 use crate::pirate::flow::Mode;
 
 /// De-noising and heuristics that apply at estimation time.

@@ -9,9 +9,9 @@
 use pirate_common::pirate::modes::Epsilon;
 
 use super::{
+    figure::FlowEstimate,
     merged,
     span::{Part, Span},
-    FlowEstimate,
 };
 use crate::pirate::flow::Mode;
 

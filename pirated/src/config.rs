@@ -301,6 +301,18 @@ mod tests {
     use super::*;
     use crate::{lb::config::Proto, value::AutoOr};
 
+    /// The ranges as the docs and errors write them ("at most 1h") are what a file may say.
+    #[test]
+    fn durations_are_taken_as_the_docs_write_them() {
+        let c = Config::parse("epoch = \"1m\"\n[fridge]\nwindow = \"1h\"\n[segment]\ninterval = \"1h\"\n").unwrap();
+        assert_eq!((c.epoch.0, c.fridge.window.0), (Duration::from_secs(60), Duration::from_secs(3600)));
+        assert_eq!(c.segment.interval.0, Duration::from_secs(3600));
+        refused(
+            "[fridge]\nwindow = \"1h 1ns\"\n",
+            "line 2: fridge.window = 3600000000001ns: must be above 0 and at most 1h",
+        );
+    }
+
     #[test]
     fn shipped_config_is_the_default() {
         let shipped = include_str!("../../configs/pirated.toml");

@@ -164,16 +164,20 @@ impl Run {
 
 /// Runs `pirated replay` on `input` with `config` (TOML), killing it once `limit` has passed.
 fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
-    let cfg = TempFile::with("toml", config.as_bytes())?;
     let pcap = match &input {
-        Input::File(path) => path.as_os_str(),
-        Input::Stdin(_) => "-".as_ref(),
+        Input::File(path) => path.as_os_str().to_owned(),
+        Input::Stdin(_) => "-".into(),
     };
+    run_pirated(&["replay".as_ref(), "--pcap".as_ref(), &pcap], input, config, limit)
+}
+
+/// Runs pirated with `args` and `--config` `config` (TOML) on `input`, killing it once `limit`
+/// has passed.
+fn run_pirated(args: &[&std::ffi::OsStr], input: Input, config: &str, limit: Duration) -> Result<Run> {
+    let cfg = TempFile::with("toml", config.as_bytes())?;
     let start = Instant::now();
     let mut child = Command::new(workspace_binary("pirated")?)
-        .arg("replay")
-        .arg("--pcap")
-        .arg(pcap)
+        .args(args)
         .arg("--config")
         .arg(&cfg.0)
         .stdin(Stdio::piped())
@@ -203,7 +207,7 @@ fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
         let elapsed = start.elapsed();
         let (fed, stdout, stderr) = (fed.join().unwrap(), out.join().unwrap()?, err.join().unwrap()?);
         let (status, max_rss_kib) =
-            reaped.with_context(|| format!("pirated replay, killed after {limit:?}; stderr: {stderr}"))?;
+            reaped.with_context(|| format!("pirated {args:?}, killed after {limit:?}; stderr: {stderr}"))?;
         // A replay that stopped reading says why in its status and stderr.
         if let Err(e) = fed {
             ensure!(e.kind() == io::ErrorKind::BrokenPipe, "feeding the capture: {e}");
@@ -483,6 +487,83 @@ fn corrupt_and_distant_timestamps_neither_abort_nor_allocate() -> Result<()> {
     let connections: BTreeSet<String> =
         pcap.records.iter().filter_map(|r| r.tcp4()).map(|t| t.source.to_string()).collect();
     assert_eq!(measured, connections, "the connections with a flow line");
+    run.check_memory()
+}
+
+/// 300 000 flows whose packets carry one timestamp (a capture's coarse clock ties them) beyond
+/// `max_flows` are forgotten as any others are: down to the limit, in flat memory and quickly
+/// (forgetting only the strictly older ones kept them all, and scanned every flow for each new
+/// one: over a minute).
+#[test]
+fn flows_tied_on_a_timestamp_are_evicted_as_others_are() -> Result<()> {
+    const FLOWS: u64 = 300_000;
+    const MAX_FLOWS: u64 = 1024;
+    let pcap = Pcap::parse(&live().pcap)?;
+    let request = pcap.records.iter().find(|r| r.tcp4().is_some_and(|t| t.payload > 0)).context("no request")?;
+    let t = request.tcp4().unwrap();
+    let feed = |out: &mut dyn Write| -> io::Result<()> {
+        let mut w = pcap.writer(out)?;
+        let mut r = request.clone();
+        for id in 0..FLOWS {
+            let addr = u32::from(*t.source.ip()) + (id / 60_000) as u32;
+            r.data[t.addr_at..t.addr_at + 4].copy_from_slice(&addr.to_be_bytes());
+            r.data[t.port_at..t.port_at + 2].copy_from_slice(&(1024 + id % 60_000).to_be_bytes()[6..]);
+            w.record(&r)?;
+        }
+        Ok(())
+    };
+    let run = replay(Input::Stdin(Box::new(feed)), &format!("{CONFIG}max_flows = {MAX_FLOWS}\n"), QUICK)?;
+    eprintln!("{FLOWS} flows at one instant: {} in {:?}, peak {} KiB", run.status, run.elapsed, run.max_rss_kib);
+    let run = run.succeeded()?;
+    let summary = run.summary()?;
+    let evicted = summary["flows_evicted"].as_u64().context("no flows_evicted")?;
+    assert!(evicted >= FLOWS - MAX_FLOWS - MAX_FLOWS / 4, "{evicted} flows forgotten: {summary}");
+    run.check_memory()
+}
+
+/// A downstream capture that starts long before the upstream one (3000 intervals of D alone):
+/// `replay-segment` keeps no record of what it cannot reconcile, so its memory stays flat (it
+/// kept a record of each of D's intervals until U's first: 150 KiB each here), and the
+/// intervals both captures hold are measured.
+#[test]
+fn replay_segment_keeps_memory_flat_before_the_upstream_capture_starts() -> Result<()> {
+    const INTERVAL_NS: u64 = 100_000_000;
+    const ALONE: u64 = 3000;
+    let pcap = Pcap::parse(&live().pcap)?;
+    let requests: Vec<&Record> = pcap.records.iter().filter(|r| r.tcp4().is_some_and(|t| t.payload > 0)).collect();
+    ensure!(requests.len() >= 4, "{} requests in the live capture", requests.len());
+    let start = requests[0].ts_ns.next_multiple_of(INTERVAL_NS);
+    let at = |r: &Record, ts_ns: u64| Record { ts_ns, ..r.clone() };
+    // Both points see the requests in the last two intervals, D 1 ms after U.
+    let shared = |delay: u64| -> Vec<Record> {
+        let base = start + ALONE * INTERVAL_NS;
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| at(r, base + i as u64 * 2 * INTERVAL_NS / requests.len() as u64 + delay))
+            .collect()
+    };
+    let up = Pcap { records: shared(0), ..pcap.clone() };
+    let mut down = pcap.clone();
+    down.records =
+        (0..ALONE).map(|i| at(requests[(i % requests.len() as u64) as usize], start + i * INTERVAL_NS)).collect();
+    down.records.extend(shared(1_000_000));
+    let (up, down) = (TempFile::with("pcap", &up.to_bytes()?)?, TempFile::with("pcap", &down.to_bytes()?)?);
+    let args: [&std::ffi::OsStr; 7] = [
+        "replay-segment".as_ref(),
+        "--tai-offset".as_ref(),
+        "0".as_ref(),
+        "--up".as_ref(),
+        up.0.as_os_str(),
+        "--down".as_ref(),
+        down.0.as_os_str(),
+    ];
+    let config = "[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\ninterval = \"100ms\"\n";
+    let run = run_pirated(&args, Input::File(&up.0), config, QUICK)?;
+    eprintln!("D {ALONE} intervals ahead of U: {} in {:?}, peak {} KiB", run.status, run.elapsed, run.max_rss_kib);
+    let run = run.succeeded()?;
+    let measured = run.lines()?.iter().filter(|v| v["type"] == "segment" && v["measured"] == true).count();
+    assert!(measured >= 1, "no interval measured: {}", run.stdout);
     run.check_memory()
 }
 

@@ -250,10 +250,24 @@ impl Session {
         Ok(nonce)
     }
 
-    /// Refuses a message of an interval already seen for its kind, or far from now.
+    /// Refuses a message of an interval already seen for its kind, or far from now, and a record
+    /// whose banks are not of the agreed shape (the reconciliation indexes them by it).
     fn check(&self, last: &mut [u64; KINDS + 1], m: Message) -> Result<Message, Refusal> {
         if let Message::Hello { .. } | Message::Ready { .. } = m {
             return Err(Refusal::new("malformed", "a second handshake".into()));
+        }
+        if let Message::Record(r) = &m {
+            let (lda, rda) = (self.shape.lda.cells(), self.shape.rda.len());
+            if (r.lda.len(), r.rda.len()) != (lda, rda) {
+                return Err(Refusal::new(
+                    "shape",
+                    format!(
+                        "a record of {} LDA cells and {} RDA buckets, where the agreed shape has {lda} and {rda}",
+                        r.lda.len(),
+                        r.rda.len()
+                    ),
+                ));
+            }
         }
         let kind = m.kind() as usize;
         let interval = m.interval();
@@ -288,4 +302,38 @@ impl Session {
 
 async fn send(writer: &mut OwnedWriteHalf, frame: &[u8]) -> Result<(), Refusal> {
     writer.write_all(frame).await.map_err(|e| Refusal::io(format!("sending: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use pirate_common::segment::{lda::LdaCell, rda::RdaShape};
+
+    use super::*;
+    use crate::segment::wire::Record;
+
+    /// An authenticated peer's record of another shape than the agreed one is refused at the
+    /// link, before the reconciliation indexes its banks by the shape (it panicked there).
+    #[test]
+    fn a_record_of_another_shape_is_refused() {
+        let shape = SegmentShape {
+            interval_ns: 1_000_000_000,
+            lda: crate::segment::lda::tuned(512, &[0.005, 0.1], 1e5, crate::segment::lda::ALPHA),
+            rda: RdaShape { buckets: 64, banks: 2 },
+            flags: pirate_common::segment::LDA | pirate_common::segment::RDA,
+            ..SegmentShape::default()
+        };
+        let (_link, session, _out) = Link::new(b"sixteen bytes at least".to_vec(), shape, false);
+        let interval = shape.interval(clock::now());
+        let record = |lda: usize, rda: usize| {
+            let rda = vec![Default::default(); rda];
+            Message::Record(Record { interval, measured: true, packets: 1, lda: vec![LdaCell::default(); lda], rda })
+        };
+        let (cells, buckets) = (shape.lda.cells(), shape.rda.len());
+        assert!(cells > 0 && buckets > 0);
+        for (lda, rda) in [(0, buckets), (cells, 0), (cells - 1, buckets), (cells, buckets + 1), (0, 0)] {
+            let refused = session.check(&mut [0; KINDS + 1], record(lda, rda)).unwrap_err();
+            assert_eq!(refused.reason, "shape", "{lda} cells, {rda} buckets: {refused}");
+        }
+        session.check(&mut [0; KINDS + 1], record(cells, buckets)).unwrap();
+    }
 }

@@ -14,6 +14,8 @@ use crate::datapath::segment::SegmentMaps;
 pub struct Cache {
     intervals: BTreeMap<u64, HashMap<u64, u64>>,
     limit: usize,
+    /// Intervals before this one are forgotten, and their packets no longer kept.
+    from: u64,
     /// Packets left out since [`Cache::take_dropped`].
     dropped: u64,
 }
@@ -24,7 +26,11 @@ impl Cache {
     }
 
     pub fn add(&mut self, shape: &SegmentShape, entry: CacheEntry) {
-        let packets = self.intervals.entry(shape.interval(entry.ts)).or_default();
+        let interval = shape.interval(entry.ts);
+        if interval < self.from {
+            return;
+        }
+        let packets = self.intervals.entry(interval).or_default();
         if packets.len() < self.limit {
             packets.insert(entry.id, entry.ts);
         } else {
@@ -41,9 +47,10 @@ impl Cache {
         std::mem::take(&mut self.dropped)
     }
 
-    /// Forgets the intervals before `interval`.
+    /// Forgets the intervals before `interval`, and keeps no packet of them from now on.
     pub fn keep_from(&mut self, interval: u64) {
         self.intervals = self.intervals.split_off(&interval);
+        self.from = self.from.max(interval);
     }
 }
 

@@ -98,6 +98,8 @@ struct Point {
     tai_offset_ns: i64,
     pkt: PacketCtx,
     records: BTreeMap<u64, Record>,
+    /// Records of intervals before this one are of no use any more, and not kept.
+    from: u64,
     /// The interval the banks are filling (the capture's last, once it ended).
     current: Option<u64>,
     ended: bool,
@@ -112,6 +114,7 @@ impl Point {
             tai_offset_ns,
             pkt: PacketCtx::default(),
             records: BTreeMap::new(),
+            from: 0,
             current: None,
             ended: false,
             tally: Tally::default(),
@@ -147,9 +150,7 @@ impl Point {
                     self.tally.refused.add("backwards");
                     continue;
                 }
-                Some(c) if interval > c => {
-                    self.records.insert(c, self.banks.close(c));
-                }
+                Some(c) if interval > c => keep(&mut self.records, self.from, c, self.banks.close(c)),
                 _ => {}
             }
             self.current = Some(interval);
@@ -161,7 +162,7 @@ impl Point {
     fn end(&mut self) {
         self.ended = true;
         if let Some(c) = self.current {
-            self.records.insert(c, self.banks.close(c));
+            keep(&mut self.records, self.from, c, self.banks.close(c));
         }
     }
 
@@ -171,9 +172,11 @@ impl Point {
         closed.or(self.current.filter(|&c| c > interval))
     }
 
-    /// Forgets the records and cached packets of intervals before `interval`.
+    /// Forgets the records and cached packets of intervals before `interval`, and keeps none of
+    /// them from now on.
     fn keep_from(&mut self, interval: u64) {
         self.records = self.records.split_off(&interval);
+        self.from = self.from.max(interval);
         self.banks.cache.keep_from(interval);
     }
 
@@ -181,6 +184,13 @@ impl Point {
     fn finish(mut self) -> Tally {
         self.tally.finish(self.reader);
         self.tally
+    }
+}
+
+/// Keeps interval `c`'s record in `records` if it is still of use (from interval `from` on).
+fn keep(records: &mut BTreeMap<u64, Record>, from: u64, c: u64, record: Record) {
+    if c >= from {
+        records.insert(c, record);
     }
 }
 
@@ -209,7 +219,10 @@ pub fn run(
     let (mut measured, mut reported, mut next) = (0, 0, u.current);
     while let Some(interval) = next {
         u.advance(interval);
-        // D's packets of the interval after too: those sent in this one and late.
+        // D's packets of the interval after too: those sent in this one and late. What D saw
+        // before this interval is of no use: a capture that starts long before U's keeps no
+        // record of it.
+        d.keep_from(interval);
         d.advance(interval + 1);
         let started = Instant::now();
         let up_record = u.records.remove(&interval).unwrap_or_else(|| empty(&shape, interval));

@@ -174,14 +174,21 @@ impl Replay<'_> {
     }
 }
 
-/// Keeps the `keep` flows heard from last (the kernel's LRU table likewise forgets its oldest);
-/// how many it forgot.
+/// Keeps the `keep` flows heard from last (the kernel's table likewise forgets its oldest);
+/// how many it forgot. Flows heard from at the same instant go in their keys' order, so that
+/// exactly `keep` stay whatever the ties (a capture's coarse timestamps tie often), and a replay
+/// forgets the same flows every time.
 fn evict<const M: usize>(flows: &mut HashMap<FlowKey, FlowState<M>>, keep: usize) -> u64 {
-    let mut last: Vec<u64> = flows.values().map(|st| st.last_pkt.get()).collect();
-    let before = flows.len();
-    let (_, &mut oldest_kept, _) = last.select_nth_unstable(before - keep);
-    flows.retain(|_, st| st.last_pkt.get() >= oldest_kept);
-    (before - flows.len()) as u64
+    let mut last: Vec<(u64, FlowKey)> = flows.iter().map(|(k, st)| (st.last_pkt.get(), *k)).collect();
+    let forget = last.len().saturating_sub(keep);
+    if forget == 0 {
+        return 0;
+    }
+    last.select_nth_unstable(forget - 1);
+    for (_, key) in &last[..forget] {
+        flows.remove(key);
+    }
+    forget as u64
 }
 
 /// The fridges in replay: the userspace table, the epoch's samples, and the requests offered
@@ -204,5 +211,37 @@ impl ReplayFridges {
         };
         self.offered = now;
         epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pirate_common::pirate::config::MODES_COMPACT;
+
+    use super::*;
+
+    /// Flows heard from at one instant (a capture's coarse clock) are forgotten as others are:
+    /// down to what is kept, the same ones every time, and the latest kept whatever the ties.
+    #[test]
+    fn flows_tied_on_their_last_packet_are_evicted_down_to_the_limit() {
+        let key =
+            |i: u32| FlowKey { sport: i as u16, dport: (i >> 16) as u16, proto: 6, family: 4, ..FlowKey::default() };
+        let table = |n: u32| -> HashMap<FlowKey, FlowState<MODES_COMPACT>> {
+            (0..n)
+                .map(|i| {
+                    let mut st = FlowState::new(1);
+                    st.last_pkt.set(if i < n - 10 { 7 } else { 9 });
+                    (key(i), st)
+                })
+                .collect()
+        };
+        let mut flows = table(5000);
+        assert_eq!(evict(&mut flows, 1000), 4000);
+        assert_eq!(flows.len(), 1000);
+        assert!((4990..5000).all(|i| flows.contains_key(&key(i))), "the latest flows were forgotten");
+        let mut again = table(5000);
+        evict(&mut again, 1000);
+        assert_eq!(again.keys().collect::<std::collections::BTreeSet<_>>(), flows.keys().collect());
+        assert_eq!(evict(&mut flows, 1000), 0);
     }
 }

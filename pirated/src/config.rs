@@ -297,9 +297,8 @@ fn binds_alike(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::{lb::config::Proto, value::AutoOr};
 
     /// The ranges as the docs and errors write them ("at most 1h") are what a file may say.
     #[test]
@@ -350,35 +349,8 @@ mod tests {
         assert!(e.starts_with("max_flows = 0"), "{e}");
     }
 
-    /// The balancer's settings are checked as `run` needs them, each error at its key's line.
-    #[test]
-    fn lb_errors_name_their_key() {
-        let err = |text: &str| format!("{:#}", Config::parse(text).unwrap_err());
-        let vip = "vips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\", \"10.1.0.2\"] }]\n";
-        let e = err(&format!("[lb]\n{vip}"));
-        assert!(e.starts_with("line 2: lb.tunnel_source is not set"), "{e}");
-        let ok = format!("[lb]\n{vip}tunnel_source = \"10.1.0.254\"\n");
-        let lb = Config::parse(&ok).unwrap().lb;
-        assert!(lb.enabled() && lb.vips[0].proto == Proto::Tcp && lb.shape().tunnel_source == [10, 1, 0, 254]);
-        assert!(err(&format!("{ok}ring_size = 65536\n")).starts_with("line 4: lb.ring_size = 65536"));
-        assert!(err(&format!("{ok}position = 3\n")).starts_with("line 4: lb.position = 3"));
-        let e = err(&format!("{ok}forwarder = \"katran\"\nring_size = 65521\n"));
-        assert!(e.starts_with("line 5: lb.ring_size = 65521: Katran's rings"), "{e}");
-        let grpc = "katran_grpc = \"http://127.0.0.1:50051\"\n";
-        let e = err(&format!("{ok}{grpc}"));
-        assert!(e.starts_with("line 4: lb.katran_grpc = \"http://127.0.0.1:50051\": with forwarder"), "{e}");
-        let e = err(&format!("{ok}forwarder = \"katran\"\nkatran_grpc = \"127.0.0.1:50051\"\n"));
-        assert!(e.starts_with("line 5: lb.katran_grpc = \"127.0.0.1:50051\""), "{e}");
-        let lb = Config::parse(&format!("{ok}forwarder = \"katran\"\n{grpc}")).unwrap().lb;
-        assert_eq!(lb.katran_grpc, "http://127.0.0.1:50051");
-        let e = err(&format!("{ok}[lb.control]\nalpha_low = 2.0\n"));
-        assert!(e.starts_with("line 5: lb.control.alpha_low = 2"), "{e}");
-        let twice = "[lb]\ntunnel_source = \"10.1.0.254\"\nvips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\"] }, { address = \"10.0.0.1:80\", reals = [\"10.1.0.2\"] }]\n";
-        assert!(err(twice).contains("lb.vips[1] repeats lb.vips[0]"));
-    }
-
     /// `text` refused, the error starting with `want`.
-    fn refused(text: &str, want: &str) {
+    pub(crate) fn refused(text: &str, want: &str) {
         let e = format!("{:#}", Config::parse(text).expect_err(want));
         assert!(e.starts_with(want), "want {want:?}, got {e:?}");
     }
@@ -530,38 +502,6 @@ mod tests {
             ("0.0.0.0:0", "0.0.0.0:0"),
         ] {
             assert!(!binds_alike(a(x), a(y)) && !binds_alike(a(y), a(x)), "{x} {y}");
-        }
-    }
-
-    /// `delta`'s conflict with the idle floor names the δ in force: a fixed one as configured,
-    /// "auto" by its first epoch's 500us; at the line of whichever of the two keys is set.
-    #[test]
-    fn the_delta_error_names_its_mode() {
-        let fixed = "[pirate]\nidle_floor = \"1ms\"\ndelta = \"1ms\"\n";
-        refused(fixed, "line 2: pirate.idle_floor (1ms) must be above pirate.delta (1ms)");
-        assert!(!format!("{:#}", Config::parse(fixed).unwrap_err()).contains("auto"));
-        Config::parse("[pirate]\nidle_floor = \"1ms\"\ndelta = \"999999ns\"\nintra_batch_max = \"500us\"\n").unwrap();
-        let auto = "[pirate]\ndelta = \"auto\"\nidle_floor = \"500us\"\nintra_batch_max = \"400us\"\n";
-        refused(auto, "line 3: pirate.idle_floor (500us) must be above pirate.delta (500us in a flow's first epoch with \"auto\")");
-        Config::parse("[pirate]\ndelta = \"auto\"\nidle_floor = \"501us\"\nintra_batch_max = \"400us\"\n").unwrap();
-        refused(
-            "[pirate]\ndelta = \"300ms\"\n",
-            "line 2: pirate.idle_floor (200ms) must be above pirate.delta (300ms)",
-        );
-    }
-
-    #[test]
-    fn batch_gap_is_auto_or_a_duration_below_the_floor() {
-        let gap = |text: &str| Config::parse(&format!("[pirate]\nbatch_gap = {text}\n")).map(|c| c.pirate.batch_gap);
-        assert_eq!(gap("\"auto\"").unwrap(), AutoOr::Auto);
-        assert_eq!(gap("\"1500us\"").unwrap(), AutoOr::Fixed(Dur(Duration::from_micros(1500))));
-        assert_eq!(
-            Config::parse("[pirate]\nbatch_gap = \"3ms\"\n").unwrap().pirate.settings().batches.fixed_ns,
-            Some(3_000_000)
-        );
-        for bad in ["\"sometimes\"", "\"0ms\"", "\"1s\""] {
-            let err = format!("{:#}", gap(bad).unwrap_err());
-            assert!(err.contains("batch_gap") || err.contains("auto"), "{bad}: {err}");
         }
     }
 }

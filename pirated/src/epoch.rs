@@ -23,38 +23,16 @@ use crate::{
     metrics::Metrics,
     parallel,
     pirate::{
-        config::PirateConfig,
-        estimate::{Estimator, Settings},
         report::{EpochReport, Scratch},
+        step::Step,
     },
     source::{live::Live, replay, EpochData},
 };
 
-/// Pirate's step: what turns an epoch's flows into its report.
-#[derive(Clone, Copy)]
-pub struct Pipeline {
-    settings: Settings,
-    estimator: Estimator,
-    /// Both estimators' per-server quantiles, for the JSON lines (they cost as much again).
-    compare: bool,
-}
-
-impl Pipeline {
-    pub fn new(config: &PirateConfig, compare: bool) -> Pipeline {
-        Pipeline { settings: config.settings(), estimator: config.estimator, compare }
-    }
-
-    /// Estimates one closed epoch (CPU work: the daemon runs it off the async runtime), into
-    /// `scratch`'s memory (the last epoch's, or new).
-    pub fn run(&self, data: EpochData, scratch: Scratch) -> EpochReport {
-        EpochReport::new(data.epoch, data.flows, scratch, &self.settings, self.estimator, self.compare)
-    }
-}
-
 /// Each capability's estimate of a closed epoch, from its plain data to its report: Pirate's
 /// pipeline and the fridges' window, side by side. The same for the daemon and replay.
 pub struct Steps {
-    pirate: Pipeline,
+    pirate: Step,
     fridge: Option<Window>,
 }
 
@@ -69,7 +47,7 @@ impl Steps {
     /// With `compare`, Pirate reports both estimators' per-server quantiles (for JSON lines).
     pub fn new(config: &Config, compare: bool) -> Steps {
         Steps {
-            pirate: Pipeline::new(&config.pirate, compare),
+            pirate: Step::new(&config.pirate, compare),
             fridge: config.fridge.enabled.then(|| Window::new(&config.fridge)),
         }
     }
@@ -77,13 +55,13 @@ impl Steps {
     /// Estimates one closed epoch (CPU work), Pirate's into `scratch`'s memory.
     pub fn estimate(&mut self, mut data: EpochData, scratch: Scratch) -> Reports {
         let (epoch, fridge) = (data.epoch, data.fridge.take());
-        let pirate = &self.pirate;
+        let (pirate, flows) = (&self.pirate, data.flows);
         let (pirate, fridge) = match self.fridge.as_mut().zip(fridge) {
             Some((window, part)) => {
-                let (p, f) = parallel::join(|| pirate.run(data, scratch), || window.close(epoch, part));
+                let (p, f) = parallel::join(|| pirate.run(epoch, flows, scratch), || window.close(epoch, part));
                 (p, Some(f))
             }
-            None => (pirate.run(data, scratch), None),
+            None => (pirate.run(epoch, flows, scratch), None),
         };
         Reports { pirate, fridge, lb: None }
     }

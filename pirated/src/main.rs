@@ -220,8 +220,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             lines.as_ref().map(|l| l.lines()),
         )
         .await?;
-        let balancer = config.lb.enabled().then(|| Balancer::start(&config.lb, dp.take_lb()?)).transpose()?;
+        let forwarder = config.lb.enabled().then(|| dp.take_lb()).transpose()?;
         let mut live = Live::new(dp, &config)?;
+        let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
         let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
         let result = epoch::run(&config, &mut live, balancer, metrics, lines.as_ref(), shutdown).await;
         server.abort();

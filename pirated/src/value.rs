@@ -21,9 +21,9 @@ impl Dur {
 impl FromStr for Dur {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        humantime::parse_duration(s.trim())
-            .map(Dur)
-            .map_err(|e| format!("{s:?} is not a duration like 1h, 2m, 1s, 250ms, 50us or 800ns ({e})"))
+        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+            format!("{s:?} is not a duration like 1h, 2m, 1s, 250ms, 1.5ms, 50us or 800ns, in whole nanoseconds ({e})")
+        })
     }
 }
 
@@ -131,5 +131,7 @@ mod tests {
         assert_eq!(d("50µs"), Ok(Duration::from_micros(50)));
         assert_eq!("1h".parse::<Dur>().unwrap().to_string(), "3600s");
         assert!(d("-1s").is_err() && d("1").is_err() && d("").is_err());
+        // Finer than a nanosecond: refused, saying so.
+        assert!(d("1.2345us").unwrap_err().contains("in whole nanoseconds"));
     }
 }

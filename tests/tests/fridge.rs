@@ -117,7 +117,7 @@ fn pair(dp: &Datapath, samples: &mut Samples, request: Vec<u8>, response: Vec<u8
 fn each_class_pairs_its_request_and_response() -> Result<()> {
     let all = [FridgeClass::TcpHandshake, FridgeClass::Dns, FridgeClass::IcmpEcho, FridgeClass::TcpFlow];
     let mut dp = Datapath::load(&config(&all).datapath())?;
-    let mut samples = Samples::take(&mut dp, config(&all).fridge.shape())?;
+    let mut samples = Samples::take(&mut dp)?;
     let before = dp.counters()?;
     let (c, s) = ((CLIENT, 40000), (SERVER, 80));
     let classes = |got: &[Sample]| got.iter().map(|s| s.class).collect::<Vec<_>>();
@@ -165,7 +165,7 @@ fn each_class_pairs_its_request_and_response() -> Result<()> {
 #[test]
 fn disabled_classes_make_no_samples() -> Result<()> {
     let mut dp = Datapath::load(&config(&[FridgeClass::Dns]).datapath())?;
-    let mut samples = Samples::take(&mut dp, config(&[FridgeClass::Dns]).fridge.shape())?;
+    let mut samples = Samples::take(&mut dp)?;
     let (c, s) = ((CLIENT, 40001), (SERVER, 80));
     let got = pair(&dp, &mut samples, tcp(c, s, SYN, 1000, 0), tcp(s, c, SYN | ACK, 5000, 1001))?;
     ensure!(got.is_empty(), "{got:?}");
@@ -176,7 +176,7 @@ fn disabled_classes_make_no_samples() -> Result<()> {
         ..Config::default()
     };
     let mut dp = Datapath::load(&off.datapath())?;
-    let mut samples = Samples::take(&mut dp, off.fridge.shape())?;
+    let mut samples = Samples::take(&mut dp)?;
     let got = pair(
         &dp,
         &mut samples,
@@ -194,7 +194,7 @@ fn a_full_sample_ring_is_counted() -> Result<()> {
     let mut small = config(&[FridgeClass::Dns]);
     small.fridge.ring_bytes = 4096;
     let mut dp = Datapath::load(&small.datapath())?;
-    let mut samples = Samples::take(&mut dp, small.fridge.shape())?;
+    let mut samples = Samples::take(&mut dp)?;
     let before = dp.counters()?;
     const PAIRS: u16 = 300;
     let queries: Vec<Vec<u8>> = (0..PAIRS).map(|i| dns((CLIENT, 5353), (SERVER, 53), i, false)).collect();

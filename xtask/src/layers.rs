@@ -3,9 +3,11 @@
 //! capability never imports another one). `cargo xtask layers` prints what breaks it; `cargo
 //! xtask test` runs it first.
 //!
-//! An import is any path a module names outside its tests (`use`, a path in code, a path inside
-//! a macro call) that resolves to another module of the crate; it points at the deepest module
-//! the path names.
+//! An import is any path a module names outside its tests (`use`, a path in code, a path of
+//! two segments or more inside a macro call) that resolves to another module of the crate; it
+//! points at the deepest module the path names. Tests are items under `#[cfg(test)]` and the
+//! files only they declare. Not seen: a crate renamed by `use crate as x`, and paths written in
+//! strings (`#[serde(default = "…")]`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -151,26 +153,46 @@ fn graph(src: &Path, krate: &str) -> Result<BTreeMap<String, Vec<Edge>>> {
             (!module.starts_with("bin/")).then_some((module, f))
         })
         .collect();
-    let names: BTreeSet<&str> = modules.keys().map(String::as_str).collect();
-    let mut out = BTreeMap::new();
+    let mut parsed = BTreeMap::new();
     for (module, file) in &modules {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         let ast = syn::parse_file(&text).with_context(|| format!("parsing {}", file.display()))?;
-        // The binary's root reaches the library by the crate's name.
-        let own = if module == "main" { Some(krate) } else { None };
         let mut paths = Paths::default();
         paths.visit_file(&ast);
-        let here: Vec<&str> = if module.is_empty() || module == "main" { vec![] } else { module.split('/').collect() };
+        parsed.insert(module.as_str(), paths);
+    }
+    // Files only tests declare (`#[cfg(test)] mod tests;`), and what they hold, are tests too.
+    let tests: Vec<String> = parsed
+        .iter()
+        .flat_map(|(module, paths)| paths.test_files.iter().map(move |child| child_of(module, child)))
+        .collect();
+    let is_test = |m: &str| tests.iter().any(|t| m == t || m.starts_with(&format!("{t}/")));
+    let names: BTreeSet<&str> = modules.keys().map(String::as_str).filter(|m| !is_test(m)).collect();
+    let mut out = BTreeMap::new();
+    for (module, paths) in parsed.into_iter().filter(|(m, _)| !is_test(m)) {
+        // The binary's root reaches the library by the crate's name.
+        let own = if module == "main" { Some(krate) } else { None };
+        let file: Vec<&str> = if module.is_empty() || module == "main" { vec![] } else { module.split('/').collect() };
         let mut edges: Vec<Edge> = Vec::new();
-        for path in paths.0 {
-            let Some(to) = resolve(&here, &path, own, &names) else { continue };
-            if to != *module && !edges.iter().any(|e| e.to == to) {
+        for (inline, path) in &paths.found {
+            // Within an inline module, `self` and `super` start from it.
+            let here: Vec<&str> = file.iter().copied().chain(inline.iter().map(String::as_str)).collect();
+            let Some(to) = resolve(&here, path, own, &names) else { continue };
+            if to != module && !edges.iter().any(|e| e.to == to) {
                 edges.push(Edge { to, path: path.join("::") });
             }
         }
-        out.insert(module.clone(), edges);
+        out.insert(module.to_string(), edges);
     }
     Ok(out)
+}
+
+/// Module `child` declared in module `parent`, as a path.
+fn child_of(parent: &str, child: &str) -> String {
+    match parent {
+        "" | "main" => child.to_string(),
+        _ => format!("{parent}/{child}"),
+    }
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
@@ -226,30 +248,46 @@ fn resolve(here: &[&str], path: &[String], own: Option<&str>, names: &BTreeSet<&
     best
 }
 
-/// The paths a file names outside its tests, as segments (`use` trees expanded).
+/// The paths a file names outside its tests, as segments (`use` trees expanded), each with the
+/// inline modules (`mod x { … }`) it is named in; and the modules it declares for tests only.
 #[derive(Default)]
-struct Paths(Vec<Vec<String>>);
+struct Paths {
+    found: Vec<(Vec<String>, Vec<String>)>,
+    inline: Vec<String>,
+    test_files: Vec<String>,
+}
+
+impl Paths {
+    fn push(&mut self, path: Vec<String>) {
+        self.found.push((self.inline.clone(), path));
+    }
+}
 
 impl<'a> Visit<'a> for Paths {
     fn visit_item(&mut self, item: &'a syn::Item) {
-        let attrs = match item {
-            syn::Item::Mod(m) => &m.attrs,
-            syn::Item::Fn(f) => &f.attrs,
-            syn::Item::Impl(i) => &i.attrs,
-            syn::Item::Use(u) => &u.attrs,
-            _ => return syn::visit::visit_item(self, item),
-        };
-        if !attrs.iter().any(is_cfg_test) {
+        if !attrs(item).iter().any(is_cfg_test) {
             syn::visit::visit_item(self, item);
+        } else if let syn::Item::Mod(m) = item {
+            if m.content.is_none() {
+                self.test_files.push(m.ident.to_string());
+            }
         }
     }
 
+    fn visit_item_mod(&mut self, m: &'a syn::ItemMod) {
+        self.inline.push(m.ident.to_string());
+        syn::visit::visit_item_mod(self, m);
+        self.inline.pop();
+    }
+
     fn visit_item_use(&mut self, item: &'a syn::ItemUse) {
-        expand(&item.tree, &mut Vec::new(), &mut self.0);
+        let mut paths = Vec::new();
+        expand(&item.tree, &mut Vec::new(), &mut paths);
+        paths.into_iter().for_each(|p| self.push(p));
     }
 
     fn visit_path(&mut self, path: &'a syn::Path) {
-        self.0.push(path.segments.iter().map(|s| s.ident.to_string()).collect());
+        self.push(path.segments.iter().map(|s| s.ident.to_string()).collect());
         syn::visit::visit_path(self, path);
     }
 
@@ -258,7 +296,32 @@ impl<'a> Visit<'a> for Paths {
 
     fn visit_macro(&mut self, mac: &'a syn::Macro) {
         syn::visit::visit_macro(self, mac);
-        tokens(mac.tokens.clone(), &mut self.0);
+        let mut paths = Vec::new();
+        tokens(mac.tokens.clone(), &mut paths);
+        paths.into_iter().for_each(|p| self.push(p));
+    }
+}
+
+/// An item's attributes.
+fn attrs(item: &syn::Item) -> &[syn::Attribute] {
+    use syn::Item;
+    match item {
+        Item::Const(i) => &i.attrs,
+        Item::Enum(i) => &i.attrs,
+        Item::ExternCrate(i) => &i.attrs,
+        Item::Fn(i) => &i.attrs,
+        Item::ForeignMod(i) => &i.attrs,
+        Item::Impl(i) => &i.attrs,
+        Item::Macro(i) => &i.attrs,
+        Item::Mod(i) => &i.attrs,
+        Item::Static(i) => &i.attrs,
+        Item::Struct(i) => &i.attrs,
+        Item::Trait(i) => &i.attrs,
+        Item::TraitAlias(i) => &i.attrs,
+        Item::Type(i) => &i.attrs,
+        Item::Union(i) => &i.attrs,
+        Item::Use(i) => &i.attrs,
+        _ => &[],
     }
 }
 
@@ -282,32 +345,33 @@ fn expand(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<Vec<Strin
     }
 }
 
-/// Paths inside a macro call's tokens that start at `crate`, `self` or `super` (a format
-/// argument, a path in `matches!`): runs of identifiers joined by `::`.
+/// Paths inside a macro call's tokens (a format argument, a path in `matches!`): runs of two
+/// identifiers or more joined by `::`, which [`resolve`] keeps if they name a module of the crate.
 fn tokens(stream: TokenStream, out: &mut Vec<Vec<String>>) {
     let trees: Vec<TokenTree> = stream.into_iter().collect();
     let mut i = 0;
     while i < trees.len() {
-        if let TokenTree::Group(g) = &trees[i] {
-            tokens(g.stream(), out);
-        }
-        let starts = matches!(&trees[i], TokenTree::Ident(id) if id == "crate" || id == "super" || id == "self");
-        if !starts {
-            i += 1;
-            continue;
-        }
-        let mut path = Vec::new();
-        while let Some(TokenTree::Ident(id)) = trees.get(i) {
-            path.push(id.to_string());
-            let colons = matches!((trees.get(i + 1), trees.get(i + 2)),
-                (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b))) if a.as_char() == ':' && b.as_char() == ':');
-            i += if colons { 3 } else { 1 };
-            if !colons {
-                break;
+        match &trees[i] {
+            TokenTree::Group(g) => {
+                tokens(g.stream(), out);
+                i += 1;
             }
-        }
-        if path.len() > 1 {
-            out.push(path);
+            TokenTree::Ident(_) => {
+                let mut path = Vec::new();
+                while let Some(TokenTree::Ident(id)) = trees.get(i) {
+                    path.push(id.to_string());
+                    let colons = matches!((trees.get(i + 1), trees.get(i + 2)),
+                        (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b))) if a.as_char() == ':' && b.as_char() == ':');
+                    i += if colons { 3 } else { 1 };
+                    if !colons {
+                        break;
+                    }
+                }
+                if path.len() > 1 {
+                    out.push(path);
+                }
+            }
+            _ => i += 1,
         }
     }
 }
@@ -417,9 +481,17 @@ mod tests {
             &[
                 ("lib.rs", "pub mod leaf; pub mod a; pub mod b; pub mod top;"),
                 ("leaf.rs", "pub struct L;"),
-                ("a/mod.rs", "mod x; use crate::leaf::L; pub fn f() -> L { x::g() }"),
+                // In an inline module, `super` is the file's module: `a`'s child `top`, not the crate's.
+                (
+                    "a/mod.rs",
+                    "mod x; mod top; use crate::leaf::L; pub const K: u8 = 0; pub fn f() -> L { x::g() } \
+                     mod inner { use super::top::T; }",
+                ),
+                ("a/top.rs", "pub struct T;"),
                 ("a/x.rs", "pub fn g() -> crate::leaf::L { crate::leaf::L }"),
-                ("b.rs", "#[cfg(test)] mod tests { use crate::a::f; }"),
+                ("b.rs", "#[cfg(test)] mod tests { use crate::a::f; } #[cfg(test)] const C: u8 = crate::a::K; #[cfg(test)] mod more;"),
+                // A file only tests declare is a test.
+                ("b/more.rs", "use crate::a::f;"),
                 ("top.rs", "use crate::{a, b}; fn h() { let _ = a::f(); }"),
             ],
         );
@@ -433,15 +505,16 @@ mod tests {
             &[
                 ("lib.rs", "pub mod leaf; pub mod a; pub mod b; pub mod top; pub mod stray;"),
                 ("leaf.rs", "pub fn l() { let _ = format!(\"{:?}\", crate::top::T); }"),
-                ("a/mod.rs", "mod x; pub struct S; pub fn f() { x::g() }"),
-                ("a/x.rs", "use super::S; pub fn g() { let _ = S; }"),
+                ("a/mod.rs", "mod x; pub struct S; pub fn f() { println!(\"{:?}\", x::G) }"),
+                ("a/x.rs", "use super::S; pub const G: u8 = 0; pub fn g() { let _ = S; }"),
                 ("b.rs", "use crate::a::S;"),
                 ("top.rs", "#[derive(Debug)] pub struct T;"),
                 ("stray.rs", ""),
             ],
         );
         let breaches = check(&root, &layers()).unwrap();
-        let cycle = Breach::Cycle(vec!["a -> a/x (x::g)".into(), "a/x -> a (super::S)".into()]);
+        // A child named only in a macro call closes the cycle too.
+        let cycle = Breach::Cycle(vec!["a -> a/x (x::G)".into(), "a/x -> a (super::S)".into()]);
         assert!(breaches.contains(&cycle), "{breaches:?}");
         let up = Breach::Up { from: "leaf".into(), to: "top".into(), path: "crate::top::T".into() };
         assert!(breaches.contains(&up), "{breaches:?}");

@@ -33,15 +33,18 @@ pub(super) fn configure(ebpf: &mut Ebpf, spec: &spec::Fridge) -> anyhow::Result<
 
 /// The fridges' maps as the daemon reads them.
 pub struct FridgeMaps {
+    /// The shape the datapath runs with, as last written.
+    running: Fridges,
     shape: Array<MapData, Fridges>,
     offered: Array<MapData, u64>,
     samples: RingBuf<MapData>,
 }
 
 impl FridgeMaps {
-    /// Takes the fridges' maps out of the object.
-    pub(super) fn take(ebpf: &mut Ebpf) -> anyhow::Result<FridgeMaps> {
+    /// Takes the fridges' maps out of the object, which runs with the shape `spec` gave it.
+    pub(super) fn take(ebpf: &mut Ebpf, spec: &spec::Fridge) -> anyhow::Result<FridgeMaps> {
         Ok(FridgeMaps {
+            running: spec.shape,
             shape: Array::try_from(object::take(ebpf, maps::FRIDGE_SHAPE)?)?,
             offered: Array::try_from(object::take(ebpf, maps::FRIDGE_OFFERED)?)?,
             samples: RingBuf::try_from(object::take(ebpf, maps::FRIDGE_SAMPLES)?)?,
@@ -50,7 +53,14 @@ impl FridgeMaps {
 
     /// Writes the fridges' shape (pirated recalibrates their entry probabilities so).
     pub fn set_shape(&mut self, shape: Fridges) -> anyhow::Result<()> {
-        self.shape.set(0, shape, 0).context("writing FRIDGE_SHAPE")
+        self.shape.set(0, shape, 0).context("writing FRIDGE_SHAPE")?;
+        self.running = shape;
+        Ok(())
+    }
+
+    /// The shape the datapath runs with.
+    pub fn shape(&self) -> Fridges {
+        self.running
     }
 
     /// The requests offered to each fridge so far.

@@ -273,6 +273,11 @@ impl Datapath {
         pins::remove_instance(Path::new(&spec.pin_root), &spec.instance)
     }
 
+    /// The interface the chain is attached to (empty if only loaded).
+    pub fn interface(&self) -> &str {
+        &self.spec.interface
+    }
+
     /// The epoch the datapath was in when loaded.
     pub fn epoch(&self) -> u32 {
         self.epoch
@@ -326,7 +331,7 @@ impl Datapath {
 
     /// The fridges' maps, for the reader of their samples (once).
     pub fn take_fridge(&mut self) -> anyhow::Result<FridgeMaps> {
-        FridgeMaps::take(&mut self.ebpf)
+        FridgeMaps::take(&mut self.ebpf, &self.spec.fridge)
     }
 
     /// The forwarder's maps, for the balancer (once).

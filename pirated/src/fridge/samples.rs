@@ -12,23 +12,20 @@ use crate::datapath::{fridge::FridgeMaps, Datapath};
 pub struct Samples {
     maps: FridgeMaps,
     pending: Vec<Sample>,
-    /// The shape the datapath runs with.
-    shape: Fridges,
     /// The counters and the time at the last close.
     offered: [u64; MAX_FRIDGES],
     closed: Instant,
 }
 
 impl Samples {
-    /// The fridges' maps, running with `shape`.
-    pub fn new(maps: FridgeMaps, shape: Fridges) -> anyhow::Result<Samples> {
+    pub fn new(maps: FridgeMaps) -> anyhow::Result<Samples> {
         let offered = maps.offered()?;
-        Ok(Samples { maps, pending: Vec::new(), shape, offered, closed: Instant::now() })
+        Ok(Samples { maps, pending: Vec::new(), offered, closed: Instant::now() })
     }
 
-    /// The fridges' maps taken out of `dp`, running with `shape`.
-    pub fn take(dp: &mut Datapath, shape: Fridges) -> anyhow::Result<Samples> {
-        Samples::new(dp.take_fridge()?, shape)
+    /// The fridges' maps taken out of `dp`.
+    pub fn take(dp: &mut Datapath) -> anyhow::Result<Samples> {
+        Samples::new(dp.take_fridge()?)
     }
 
     /// The descriptor to wait for samples on.
@@ -55,7 +52,7 @@ impl Samples {
             samples: std::mem::take(&mut self.pending),
             offered: std::array::from_fn(|k| offered[k].saturating_sub(self.offered[k])),
             span_ns: now.duration_since(self.closed).as_nanos() as u64,
-            shape: self.shape,
+            shape: self.maps.shape(),
         };
         (self.offered, self.closed) = (offered, now);
         Ok(epoch)
@@ -63,8 +60,6 @@ impl Samples {
 
     /// The datapath now runs with `shape` (recalibrated).
     pub fn reshape(&mut self, shape: Fridges) -> anyhow::Result<()> {
-        self.maps.set_shape(shape)?;
-        self.shape = shape;
-        Ok(())
+        self.maps.set_shape(shape)
     }
 }

@@ -224,3 +224,36 @@ impl LbConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// The balancer's settings are checked as `run` needs them, each error at its key's line.
+    #[test]
+    fn lb_errors_name_their_key() {
+        let err = |text: &str| format!("{:#}", Config::parse(text).unwrap_err());
+        let vip = "vips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\", \"10.1.0.2\"] }]\n";
+        let e = err(&format!("[lb]\n{vip}"));
+        assert!(e.starts_with("line 2: lb.tunnel_source is not set"), "{e}");
+        let ok = format!("[lb]\n{vip}tunnel_source = \"10.1.0.254\"\n");
+        let lb = Config::parse(&ok).unwrap().lb;
+        assert!(lb.enabled() && lb.vips[0].proto == Proto::Tcp && lb.shape().tunnel_source == [10, 1, 0, 254]);
+        assert!(err(&format!("{ok}ring_size = 65536\n")).starts_with("line 4: lb.ring_size = 65536"));
+        assert!(err(&format!("{ok}position = 3\n")).starts_with("line 4: lb.position = 3"));
+        let e = err(&format!("{ok}forwarder = \"katran\"\nring_size = 65521\n"));
+        assert!(e.starts_with("line 5: lb.ring_size = 65521: Katran's rings"), "{e}");
+        let grpc = "katran_grpc = \"http://127.0.0.1:50051\"\n";
+        let e = err(&format!("{ok}{grpc}"));
+        assert!(e.starts_with("line 4: lb.katran_grpc = \"http://127.0.0.1:50051\": with forwarder"), "{e}");
+        let e = err(&format!("{ok}forwarder = \"katran\"\nkatran_grpc = \"127.0.0.1:50051\"\n"));
+        assert!(e.starts_with("line 5: lb.katran_grpc = \"127.0.0.1:50051\""), "{e}");
+        let lb = Config::parse(&format!("{ok}forwarder = \"katran\"\n{grpc}")).unwrap().lb;
+        assert_eq!(lb.katran_grpc, "http://127.0.0.1:50051");
+        let e = err(&format!("{ok}[lb.control]\nalpha_low = 2.0\n"));
+        assert!(e.starts_with("line 5: lb.control.alpha_low = 2"), "{e}");
+        let twice = "[lb]\ntunnel_source = \"10.1.0.254\"\nvips = [{ address = \"10.0.0.1:80\", reals = [\"10.1.0.1\"] }, { address = \"10.0.0.1:80\", reals = [\"10.1.0.2\"] }]\n";
+        assert!(err(twice).contains("lb.vips[1] repeats lb.vips[0]"));
+    }
+}

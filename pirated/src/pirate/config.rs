@@ -139,6 +139,12 @@ impl PirateConfig {
                 return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {share}: must be in [0, 1]"));
             }
         }
+        if self.round_trip_slack.0 > Duration::from_secs(1) {
+            return refuse(
+                &["pirate.round_trip_slack"],
+                format!("pirate.round_trip_slack = {}: must be at most 1s", self.round_trip_slack),
+            );
+        }
         if self.intra_batch_max.0 >= self.idle_floor.0 {
             return refuse(
                 &["pirate.intra_batch_max", "pirate.idle_floor"],
@@ -271,6 +277,7 @@ impl PirateConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{tests::refused, Config};
 
     #[test]
     fn a_mode_of_exactly_min_mode_share_is_significant() {
@@ -287,5 +294,37 @@ mod tests {
         let (params, settings) = (p.params(1024), p.settings());
         let e = params.epsilon();
         assert_eq!((e.abs_ns, e.rel_q20, e.span), (settings.epsilon.abs_ns, settings.epsilon.rel_q20, 5));
+    }
+
+    /// `delta`'s conflict with the idle floor names the δ in force: a fixed one as configured,
+    /// "auto" by its first epoch's 500us; at the line of whichever of the two keys is set.
+    #[test]
+    fn the_delta_error_names_its_mode() {
+        let fixed = "[pirate]\nidle_floor = \"1ms\"\ndelta = \"1ms\"\n";
+        refused(fixed, "line 2: pirate.idle_floor (1ms) must be above pirate.delta (1ms)");
+        assert!(!format!("{:#}", Config::parse(fixed).unwrap_err()).contains("auto"));
+        Config::parse("[pirate]\nidle_floor = \"1ms\"\ndelta = \"999999ns\"\nintra_batch_max = \"500us\"\n").unwrap();
+        let auto = "[pirate]\ndelta = \"auto\"\nidle_floor = \"500us\"\nintra_batch_max = \"400us\"\n";
+        refused(auto, "line 3: pirate.idle_floor (500us) must be above pirate.delta (500us in a flow's first epoch with \"auto\")");
+        Config::parse("[pirate]\ndelta = \"auto\"\nidle_floor = \"501us\"\nintra_batch_max = \"400us\"\n").unwrap();
+        refused(
+            "[pirate]\ndelta = \"300ms\"\n",
+            "line 2: pirate.idle_floor (200ms) must be above pirate.delta (300ms)",
+        );
+    }
+
+    #[test]
+    fn batch_gap_is_auto_or_a_duration_below_the_floor() {
+        let gap = |text: &str| Config::parse(&format!("[pirate]\nbatch_gap = {text}\n")).map(|c| c.pirate.batch_gap);
+        assert_eq!(gap("\"auto\"").unwrap(), AutoOr::Auto);
+        assert_eq!(gap("\"1500us\"").unwrap(), AutoOr::Fixed(Dur(Duration::from_micros(1500))));
+        assert_eq!(
+            Config::parse("[pirate]\nbatch_gap = \"3ms\"\n").unwrap().pirate.settings().batches.fixed_ns,
+            Some(3_000_000)
+        );
+        for bad in ["\"sometimes\"", "\"0ms\"", "\"1s\""] {
+            let err = format!("{:#}", gap(bad).unwrap_err());
+            assert!(err.contains("batch_gap") || err.contains("auto"), "{bad}: {err}");
+        }
     }
 }

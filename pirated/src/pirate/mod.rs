@@ -7,3 +7,4 @@ pub mod estimate;
 pub mod flow;
 pub mod metrics;
 pub mod report;
+pub mod step;

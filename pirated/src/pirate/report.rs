@@ -114,7 +114,6 @@ impl EpochReport {
         (self.flows, Scratch { estimates: self.estimates, spans: self.spans })
     }
 
-    /// Per server, from the selected estimator.
     /// Each flow's key and figure from the configured estimator (its mean latency in ns and the
     /// batches behind it), `None` without one: what the balancer weighs reals by.
     pub fn figures(&self) -> impl Iterator<Item = (&FlowKey, Option<(f64, u64)>)> {
@@ -122,6 +121,7 @@ impl EpochReport {
         self.flows.iter().zip(&self.estimates).map(move |(flow, e)| (&flow.key, figure(e)))
     }
 
+    /// Per server, from the selected estimator.
     pub fn servers(&self) -> &[ServerEstimate] {
         match self.estimator {
             Estimator::Paper => &self.servers_paper,

@@ -75,7 +75,7 @@ pub async fn spawn(
             let (up_link, down_link) = Link::pair();
             let up = state(true, dp.take_segment()?, up_link)?;
             let down = state(false, down_dp.take_segment()?, down_link)?;
-            info!(down = %down_spec.interface, "segment: both points in this pirated");
+            info!(up = %dp.interface(), down = %down_spec.interface, "segment: both points in this pirated");
             Box::pin(async move {
                 // Its chain stays attached while the points run.
                 let _down_dp = down_dp;

@@ -25,7 +25,7 @@ impl Live {
     pub fn new(mut dp: Datapath, config: &Config) -> anyhow::Result<Live> {
         let records = Records::take(&mut dp)?;
         let samples = match config.fridge.enabled {
-            true => Some(Samples::take(&mut dp, config.fridge.shape())?),
+            true => Some(Samples::take(&mut dp)?),
             false => None,
         };
         let epoch = dp.epoch();

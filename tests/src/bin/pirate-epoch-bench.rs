@@ -24,10 +24,9 @@ use pirated::{
     buffer,
     config::Config,
     datapath::Datapath,
-    epoch::Pipeline,
     metrics::Metrics,
-    pirate::{drain::Records, report::Scratch},
-    source::{EpochData, Kernel},
+    pirate::{drain::Records, report::Scratch, step::Step},
+    source::Kernel,
 };
 
 #[derive(Parser)]
@@ -155,7 +154,7 @@ fn main() -> Result<()> {
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
         // each epoch filling the last one's vectors, sized at start for the table it finds.
-        let (pipeline, mut metrics) = (Pipeline::new(&config.pirate, false), Metrics::new(&config.metrics));
+        let (pipeline, mut metrics) = (Step::new(&config.pirate, false), Metrics::new(&config.metrics));
         let started = Instant::now();
         let tracked = records.tracked();
         let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));
@@ -170,7 +169,7 @@ fn main() -> Result<()> {
             }
             let kernel = Kernel::new(counters, &drained);
             let started = Instant::now();
-            let report = pipeline.run(EpochData { epoch: EPOCH, flows: drained.flows, fridge: None }, scratch);
+            let report = pipeline.run(EPOCH, drained.flows, scratch);
             let estimate = ms(started);
             let started = Instant::now();
             metrics.publish(&report, None, None, &kernel);
@@ -181,7 +180,7 @@ fn main() -> Result<()> {
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(EPOCH, flows)?.flows;
         let started = Instant::now();
-        let report = Pipeline::new(&config.pirate, true).run(EpochData { epoch: EPOCH, flows, fridge: None }, scratch);
+        let report = Step::new(&config.pirate, true).run(EPOCH, flows, scratch);
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;

@@ -222,6 +222,7 @@ pub async fn run(
             }
             _ => {}
         }
+        m.expose();
         let report = &reports.pirate;
         debug!(epoch, flows = report.flows.len(), servers = report.servers().len(), took = ?started.elapsed(), "epoch");
         if stopping {

@@ -11,6 +11,7 @@ pub mod fridge;
 pub mod histogram;
 pub mod json;
 pub mod lb;
+pub mod limit;
 pub mod metrics;
 pub mod parallel;
 pub mod pirate;

@@ -223,7 +223,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let forwarder = config.lb.enabled().then(|| dp.take_lb()).transpose()?;
         let mut live = Live::new(dp, &config)?;
         let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
-        let server = tokio::spawn(metrics::serve_on(listener, metrics.clone()));
+        let server = tokio::spawn(metrics::http::serve_on(listener, metrics.lock().unwrap().server()));
         let result = epoch::run(&config, &mut live, balancer, metrics, lines.as_ref(), shutdown).await;
         server.abort();
         if let Some(segment) = segment {
@@ -242,7 +242,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 /// The segment's families in `metrics`, reached under its lock.
 fn segment_metrics(metrics: &Arc<Mutex<metrics::Metrics>>) -> segment::metrics::Shared {
     let metrics = metrics.clone();
-    Arc::new(move |f| f(&metrics.lock().unwrap().segment))
+    Arc::new(move |f| {
+        let m = metrics.lock().unwrap();
+        f(&m.segment);
+        m.expose();
+    })
 }
 
 /// SIGTERM or SIGINT. The handlers are installed here, before attaching: a signal that arrives

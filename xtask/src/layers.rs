@@ -52,6 +52,7 @@ pub const CRATES: &[Layers] = &[
             ("buffer", 0, Shared),
             ("json", 0, Shared),
             ("capture", 0, Shared),
+            ("limit", 0, Shared),
             ("datapath", 1, Shared),
             ("pirate", 2, Capability),
             ("fridge", 2, Capability),

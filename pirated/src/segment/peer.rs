@@ -25,18 +25,28 @@ use tokio::{
     },
     sync::{mpsc, Mutex},
     task::JoinHandle,
+    time::Instant,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     clock,
     wire::{self, Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
 };
+use crate::limit::Limits;
 
 /// Intervals a message may be away from this point's current one.
 const WINDOW: u64 = 4;
+/// Intervals without a record after which the downstream point closes the connection.
+const SILENT_INTERVALS: u64 = 3;
 /// How long a new connection has to complete the handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(5);
+/// Handshakes the downstream point runs at once, and from one address: the rest are closed at
+/// once, so that strangers cannot take every descriptor (and /metrics with them).
+const MAX_HANDSHAKES: usize = 16;
+const MAX_HANDSHAKES_PER_SOURCE: usize = 2;
+/// Refusals logged at most once this often (each is counted).
+const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Messages waiting to be sent, or to be handled, at most.
 const QUEUE: usize = 64;
 
@@ -61,6 +71,14 @@ struct Session {
     incoming: mpsc::Sender<Message>,
     up: Arc<AtomicBool>,
     refusals: mpsc::UnboundedSender<&'static str>,
+    /// When a refusal was last logged, and how many since were not.
+    log: Arc<std::sync::Mutex<RefusalLog>>,
+}
+
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<Instant>,
+    unlogged: u64,
 }
 
 /// A connection past its handshake, with its session key.
@@ -106,13 +124,21 @@ impl Link {
         tokio::spawn(async move {
             let (ready, mut established) = mpsc::channel::<Established>(1);
             let mut current: Option<JoinHandle<()>> = None;
+            let handshakes = Limits::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
             loop {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, from)) => {
+                            // Strangers hold at most a few handshakes, and one address fewer.
+                            let Some(slot) = handshakes.take(from.ip()) else {
+                                session.refuse(&from.to_string(), Refusal::new("busy", "too many handshakes in progress".into()));
+                                continue;
+                            };
                             let (session, ready) = (session.clone(), ready.clone());
                             tokio::spawn(async move {
-                                if let Some(e) = session.handshake(stream, from.to_string()).await {
+                                let established = session.handshake(stream, from.to_string()).await;
+                                drop(slot);
+                                if let Some(e) = established {
                                     let _ = ready.send(e).await;
                                 }
                             });
@@ -160,6 +186,7 @@ impl Link {
             incoming: incoming_tx,
             up: up.clone(),
             refusals: refusals_tx,
+            log: Arc::default(),
         };
         (Link { incoming, outgoing, up, refusals }, session, outgoing_rx)
     }
@@ -170,6 +197,18 @@ impl Session {
     /// (logged and counted) and dropped.
     async fn handshake(&self, stream: TcpStream, peer: String) -> Option<Established> {
         let _ = stream.set_nodelay(true);
+        // A peer that vanishes without a word (unplugged, its host down) is found out by TCP:
+        // probes after an interval's quiet, and unacknowledged data given up on after
+        // `SILENT_INTERVALS` intervals (at least a second each).
+        let interval = Duration::from_nanos(self.shape.interval_ns).max(Duration::from_secs(1));
+        let socket = socket2::SockRef::from(&stream);
+        let keepalive = socket2::TcpKeepalive::new().with_time(interval).with_interval(interval).with_retries(3);
+        if let Err(e) = socket
+            .set_tcp_keepalive(&keepalive)
+            .and_then(|()| socket.set_tcp_user_timeout(Some(interval * SILENT_INTERVALS as u32)))
+        {
+            debug!(%peer, "segment: TCP keepalive: {e}");
+        }
         let (mut reader, mut writer) = stream.into_split();
         let steps = async {
             let ours = wire::nonce().map_err(|e| Refusal::io(format!("drawing a nonce: {e}")))?;
@@ -198,35 +237,50 @@ impl Session {
         }
     }
 
-    /// Runs an established connection until it fails or is refused.
-    async fn serve(&self, mut c: Established, outgoing: &mut mpsc::Receiver<Message>) {
+    /// Runs an established connection until it fails, is refused, or (at the downstream point)
+    /// falls silent: no record for `SILENT_INTERVALS` intervals closes it. Reading and writing
+    /// run side by side, neither ever cut off in the middle of a message.
+    async fn serve(&self, c: Established, outgoing: &mut mpsc::Receiver<Message>) {
         self.up.store(true, Ordering::Relaxed);
         // Stale messages queued while no peer was there are of no use to this one.
         while outgoing.try_recv().is_ok() {}
-        let mut last = [0u64; KINDS + 1];
-        loop {
-            tokio::select! {
-                read = Message::read(&mut c.reader, &c.key, MAX_BODY) => {
-                    match read.and_then(|m| self.check(&mut last, m)) {
-                        Ok(m) => {
-                            if self.incoming.send(m).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(refusal) => {
-                            self.refuse(&c.peer, refusal);
-                            break;
-                        }
-                    }
+        let Established { mut reader, mut writer, peer, key } = c;
+        let silence = Duration::from_nanos(self.shape.interval_ns.saturating_mul(SILENT_INTERVALS));
+        let reading = async {
+            let mut last = [0u64; KINDS + 1];
+            let mut deadline = Instant::now() + silence;
+            loop {
+                let read = Message::read(&mut reader, &key, MAX_BODY);
+                let m = match self.upstream {
+                    true => read.await,
+                    false => tokio::time::timeout_at(deadline, read).await.unwrap_or_else(|_| {
+                        Err(Refusal::new("silent", format!("no record for {SILENT_INTERVALS} intervals")))
+                    }),
+                };
+                let m = m.and_then(|m| self.check(&mut last, m))?;
+                if let Message::Record(_) = m {
+                    deadline = Instant::now() + silence;
                 }
-                out = outgoing.recv() => {
-                    let Some(out) = out else { break };
-                    if let Err(e) = c.writer.write_all(&out.encode(&c.key)).await {
-                        warn!(peer = %c.peer, "segment: sending to the peer: {e}");
-                        break;
-                    }
+                if self.incoming.send(m).await.is_err() {
+                    return Ok(());
                 }
             }
+        };
+        let writing = async {
+            while let Some(out) = outgoing.recv().await {
+                if let Err(e) = writer.write_all(&out.encode(&key)).await {
+                    warn!(%peer, "segment: sending to the peer: {e}");
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            read = reading => {
+                if let Err(refusal) = read {
+                    self.refuse(&peer, refusal);
+                }
+            }
+            () = writing => {}
         }
         self.up.store(false, Ordering::Relaxed);
     }
@@ -290,13 +344,22 @@ impl Session {
         }
     }
 
+    /// Counts a refusal, and logs it unless one was logged within `LOG_EVERY` (then the next
+    /// one logged says how many were not).
     fn refuse(&self, peer: &str, refusal: Refusal) {
         if refusal.reason == "io" {
             info!(%peer, "segment: the peer went away ({refusal})");
             return;
         }
-        warn!(%peer, reason = refusal.reason, "segment: refused the peer: {refusal}");
         let _ = self.refusals.send(refusal.reason);
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.last.is_some_and(|at| at.elapsed() < LOG_EVERY) {
+            log.unlogged += 1;
+            return;
+        }
+        let unlogged = std::mem::take(&mut log.unlogged);
+        log.last = Some(Instant::now());
+        warn!(%peer, reason = refusal.reason, unlogged, "segment: refused the peer: {refusal}");
     }
 }
 
@@ -311,18 +374,86 @@ mod tests {
     use super::*;
     use crate::segment::wire::Record;
 
-    /// An authenticated peer's record of another shape than the agreed one is refused at the
-    /// link, before the reconciliation indexes its banks by the shape (it panicked there).
-    #[test]
-    fn a_record_of_another_shape_is_refused() {
-        let shape = SegmentShape {
-            interval_ns: 1_000_000_000,
+    const KEY: &[u8] = b"sixteen bytes at least";
+
+    /// Both points' shape, with intervals of `interval_ms`.
+    fn shape(interval_ms: u64) -> SegmentShape {
+        SegmentShape {
+            interval_ns: interval_ms * 1_000_000,
             lda: crate::segment::lda::tuned(512, &[0.005, 0.1], 1e5, crate::segment::lda::ALPHA),
             rda: RdaShape { buckets: 64, banks: 2 },
             flags: pirate_common::segment::LDA | pirate_common::segment::RDA,
             ..SegmentShape::default()
-        };
-        let (_link, session, _out) = Link::new(b"sixteen bytes at least".to_vec(), shape, false);
+        }
+    }
+
+    /// The downstream point listening on a port of its own, and that port.
+    async fn downstream(shape: SegmentShape) -> (Link, std::net::SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (Link::listen(listener, KEY.to_vec(), shape), addr)
+    }
+
+    /// Whether `up` reads `want` within `within`.
+    async fn becomes(up: &AtomicBool, want: bool, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if up.load(Ordering::Relaxed) == want {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Strangers that connect and say nothing hold at most a few handshakes, fewer from one
+    /// address: the rest are closed at once (counted as busy), and the upstream point, from
+    /// another address, still gets in (each used to be held for the handshake's 5 s, and 1 500 of
+    /// them took every descriptor).
+    #[tokio::test]
+    async fn strangers_hold_few_handshakes_and_the_upstream_still_gets_in() {
+        let (mut down, addr) = downstream(shape(1000)).await;
+        let mut strangers = Vec::new();
+        for _ in 0..40 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(([127, 0, 0, 2], 0).into()).unwrap();
+            strangers.push(socket.connect(addr).await.unwrap());
+        }
+        let mut closed = 0;
+        for s in &mut strangers {
+            let mut byte = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_millis(500), tokio::io::AsyncReadExt::read(s, &mut byte));
+            closed += usize::from(matches!(read.await, Ok(Ok(0) | Err(_))));
+        }
+        assert_eq!(closed, 40 - MAX_HANDSHAKES_PER_SOURCE, "strangers closed at once");
+        let mut busy = 0;
+        while let Ok(reason) = down.refusals.try_recv() {
+            busy += usize::from(reason == "busy");
+        }
+        assert_eq!(busy, 40 - MAX_HANDSHAKES_PER_SOURCE);
+        let _up = Link::connect(addr.to_string(), KEY.to_vec(), shape(1000));
+        assert!(becomes(&down.up, true, Duration::from_secs(3)).await, "the upstream point never got in");
+    }
+
+    /// An upstream point that stays connected but sends no record for three intervals is
+    /// dropped: the downstream point's link goes down, and says why.
+    #[tokio::test]
+    async fn a_silent_upstream_is_dropped() {
+        let (mut down, addr) = downstream(shape(100)).await;
+        let _up = Link::connect(addr.to_string(), KEY.to_vec(), shape(100));
+        assert!(becomes(&down.up, true, Duration::from_secs(3)).await, "the upstream point never got in");
+        let since = Instant::now();
+        assert!(becomes(&down.up, false, Duration::from_secs(2)).await, "a silent peer stayed up");
+        assert!(since.elapsed() >= Duration::from_millis(250), "dropped after {:?}", since.elapsed());
+        assert_eq!(down.refusals.recv().await, Some("silent"));
+    }
+
+    /// An authenticated peer's record of another shape than the agreed one is refused at the
+    /// link, before the reconciliation indexes its banks by the shape (it panicked there).
+    #[test]
+    fn a_record_of_another_shape_is_refused() {
+        let shape = shape(1000);
+        let (_link, session, _out) = Link::new(KEY.to_vec(), shape, false);
         let interval = shape.interval(clock::now());
         let record = |lda: usize, rda: usize| {
             let rda = vec![Default::default(); rda];

@@ -74,8 +74,10 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         down: PathBuf,
         /// Seconds TAI was ahead of UTC when the captures were taken (live points cut intervals
-        /// on TAI; captures stamp UTC). Default: this host's offset now.
-        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+        /// on TAI; captures stamp UTC; 37 since 2017), -1000..=1000. Default: this host's offset
+        /// now.
+        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true,
+              value_parser = clap::value_parser!(i64).range(-1000..=1000))]
         tai_offset: Option<i64>,
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,

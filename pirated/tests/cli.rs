@@ -81,3 +81,13 @@ fn replay_rejects_what_is_not_pcap() {
     let err = stderr(&pirated(&["replay", "--pcap", ng.to_str().unwrap()]));
     assert!(err.contains("neither pcap nor pcapng"), "{err}");
 }
+
+/// A TAI offset beyond any the clocks have had is refused by the command line, with its range
+/// (it overflowed into nanoseconds).
+#[test]
+fn an_absurd_tai_offset_is_refused() {
+    let out = pirated(&["replay-segment", "--up", "u.pcap", "--down", "d.pcap", "--tai-offset", "99999999999"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--tai-offset") && err.contains("-1000..=1000"), "{err}");
+}

@@ -128,7 +128,7 @@ fn cargo(args: &[&str]) -> Command {
     c
 }
 
-const FUZZ_TARGETS: [&str; 3] = ["parse", "step", "capture"];
+const FUZZ_TARGETS: [&str; 5] = ["parse", "step", "capture", "peer", "http"];
 
 /// Runs each of `targets` for `seconds` under libFuzzer (nightly, sanitizers), from its corpus.
 fn fuzz(targets: &[String], seconds: u32) -> Result<()> {

@@ -4,7 +4,10 @@
 
 use std::{
     fs,
-    os::fd::AsRawFd,
+    os::{
+        fd::AsRawFd,
+        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+    },
     path::{Path, PathBuf},
 };
 
@@ -32,7 +35,7 @@ impl PinDir {
         let lock = lock_instance(instance)?;
         ensure_bpffs(root)?;
         let dir = root.join(instance);
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        private_dir(&dir)?;
         let names = entries(&dir)?;
         let marker = format!("{MARKER_PREFIX}{layout}");
         if names.contains(&marker) {
@@ -113,20 +116,59 @@ fn entries(dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Makes `dir` (and what it lacks above it) readable by its owner alone, and refuses one owned
+/// by another user: who can write there can replace the pins or the lock.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let owner = fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?.uid();
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if owner == 0 && me != 0 {
+        bail!("writing in {} was refused (it belongs to root): {}", dir.display(), super::privileges::NEEDS_ROOT);
+    }
+    if owner != me {
+        bail!(
+            "{} belongs to uid {owner}, not to pirated's ({me}): another user could replace what is kept there; \
+             give it to this user (chown) or remove it",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Takes /run/pirated/<instance>.lock, so that a second daemon with the same instance name (and
 /// pin directory) fails instead of taking over the first one's chain.
 fn lock_instance(instance: &str) -> anyhow::Result<fs::File> {
     let refused =
         |what: &str, e: &std::io::Error| format!("{what} was refused ({e}): {}", super::privileges::NEEDS_ROOT);
-    match fs::create_dir_all(LOCK_DIR) {
+    match private_dir(Path::new(LOCK_DIR)) {
         // A fresh host has no /run/pirated, and only root may make it.
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            bail!(refused(&format!("creating {LOCK_DIR}"), &e))
+        Err(e)
+            if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied) =>
+        {
+            bail!(refused(&format!("creating {LOCK_DIR}"), e.downcast_ref::<std::io::Error>().unwrap()))
         }
-        made => made.with_context(|| format!("creating {LOCK_DIR}"))?,
+        made => made?,
     }
     let path = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
-    let file = match fs::File::create(&path) {
+    // Never through a link, never truncated: the lock file is only locked.
+    let opened = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path);
+    let file = match opened {
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            bail!("{} is a symbolic link: pirated takes its lock only in a file of its own; remove it", path.display())
+        }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             bail!(refused(&format!("opening {}", path.display()), &e))
         }
@@ -162,8 +204,10 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
         bail!("pin_root {} is not on a bpffs mount (mount -t bpf bpf <dir>)", root.display());
     }
     let (fstype, path) = (std::ffi::CString::new("bpf").unwrap(), std::ffi::CString::new("/sys/fs/bpf").unwrap());
-    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(fstype.as_ptr(), path.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    // SAFETY: all pointers are valid NUL-terminated strings.
+    // Readable by root alone, as systemd mounts it.
+    let data = std::ffi::CString::new("mode=0700").unwrap();
+    let rc = unsafe { libc::mount(fstype.as_ptr(), path.as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast()) };
     if rc != 0 {
         bail!(
             "/sys/fs/bpf is not a bpffs mount and mounting one failed ({}): mount it as root (`mount -t bpf bpf \
@@ -173,4 +217,62 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
     }
     info!("mounted bpffs on /sys/fs/bpf");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    /// Whether the test runs as root (as the test command does): these touch /run and chown.
+    fn root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root {
+            eprintln!("not root: skipped");
+        }
+        root
+    }
+
+    /// A lock path that is a symbolic link is refused, and what it points at is left as it was
+    /// (the lock was created through it, truncating it).
+    #[test]
+    fn a_lock_that_is_a_link_is_refused_and_its_target_left_alone() {
+        if !root() {
+            return;
+        }
+        let instance = format!("link-test-{}", std::process::id());
+        let victim = std::env::temp_dir().join(format!("pirated-victim-{}", std::process::id()));
+        fs::write(&victim, "keep me").unwrap();
+        private_dir(Path::new(LOCK_DIR)).unwrap();
+        let lock = Path::new(LOCK_DIR).join(format!("{instance}.lock"));
+        let _ = fs::remove_file(&lock);
+        symlink(&victim, &lock).unwrap();
+        let e = format!("{:#}", lock_instance(&instance).expect_err("a link taken as the lock"));
+        let kept = fs::read_to_string(&victim).unwrap();
+        let _ = (fs::remove_file(&lock), fs::remove_file(&victim));
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(kept, "keep me");
+    }
+
+    /// A directory of pirated's owned by another user is refused, naming the owner; the ones it
+    /// makes are its owner's alone.
+    #[test]
+    fn a_directory_of_another_user_is_refused() {
+        if !root() {
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("pirated-dirs-{}", std::process::id()));
+        let made = base.join("made/deeper");
+        private_dir(&made).unwrap();
+        let mode = fs::metadata(&made).unwrap().mode() & 0o777;
+        let other = base.join("other");
+        fs::create_dir_all(&other).unwrap();
+        std::os::unix::fs::chown(&other, Some(65534), Some(65534)).unwrap();
+        let e = format!("{:#}", private_dir(&other).unwrap_err());
+        fs::remove_dir_all(&base).unwrap();
+        assert_eq!(mode, 0o700);
+        assert!(e.contains("belongs to uid 65534"), "{e}");
+    }
 }

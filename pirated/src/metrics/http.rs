@@ -22,7 +22,10 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+};
 use tracing::{debug, warn};
 
 use crate::limit::Limits;
@@ -93,17 +96,27 @@ pub async fn serve_on(listener: TcpListener, server: Server) {
         let exposed = server.exposed.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_WITHIN)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service_fn(move |req| respond(req, exposed.clone())));
-            match tokio::time::timeout(SERVE_WITHIN, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(%peer, "metrics connection: {e}"),
-                Err(_) => debug!(%peer, "metrics connection: not served within {SERVE_WITHIN:?}, closed"),
+            if let Err(e) = serve_connection(stream, exposed).await {
+                debug!(%peer, "metrics connection: {e}");
             }
         });
+    }
+}
+
+/// Serves one connection's one request, within `HEAD_WITHIN` for its head and `SERVE_WITHIN`
+/// in all.
+pub async fn serve_connection<I>(io: I, exposed: Exposed) -> Result<(), String>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_WITHIN)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(io), service_fn(move |req| respond(req, exposed.clone())));
+    match tokio::time::timeout(SERVE_WITHIN, conn).await {
+        Ok(served) => served.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("not served within {SERVE_WITHIN:?}, closed")),
     }
 }
 

@@ -131,17 +131,7 @@ impl Message {
                 }
             }
         }
-        let mut out = Vec::with_capacity(HEADER + body.len() + TAG);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&[self.kind(), 0]);
-        out.extend_from_slice(&self.interval().to_le_bytes());
-        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(&body);
-        let tag = mac(key).chain_update(&out).finalize().into_bytes();
-        out.extend_from_slice(&tag);
-        out
+        frame(self.kind(), self.interval(), &body, key)
     }
 
     /// Reads one message of at most `max_body` bytes of body from `from`. `Err` says why a
@@ -174,6 +164,22 @@ impl Message {
         parse(header[6], interval, body)
             .ok_or_else(|| Refusal::new("malformed", format!("a malformed message of kind {}", header[6])))
     }
+}
+
+/// A message of kind `kind` for interval `interval` holding `body`, framed and authenticated
+/// under `key`: what [`Message::encode`] sends, and what a fuzzer reaches the body parser with.
+pub fn frame(kind: u8, interval: u64, body: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + body.len() + TAG);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&[kind, 0]);
+    out.extend_from_slice(&interval.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(body);
+    let tag = mac(key).chain_update(&out).finalize().into_bytes();
+    out.extend_from_slice(&tag);
+    out
 }
 
 /// Why a message, or a peer, was refused: `reason` labels the metric, `detail` goes to the log.

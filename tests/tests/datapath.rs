@@ -450,3 +450,55 @@ fn a_second_instance_on_the_interface_names_the_cause() -> Result<()> {
     first.stop()?;
     Ok(())
 }
+
+/// Under `ip netns exec` with the default pin root, pirated mounts a bpffs of its own in the
+/// command's own mount namespace, which ends with it: it says at start that nothing will be
+/// kept, never that it left the chain attached, and the next start begins with new maps.
+#[test]
+fn a_pin_root_that_ends_with_the_process_promises_nothing() -> Result<()> {
+    use std::{
+        io::{BufRead, BufReader},
+        process::Stdio,
+    };
+    let tb = OnePoint::new()?;
+    let run = |instance: &str| -> Result<String> {
+        let config = std::env::temp_dir().join(format!("pirated-volatile-{}-{instance}.toml", std::process::id()));
+        std::fs::write(&config, format!("{CONFIG}instance = \"{instance}\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n"))?;
+        let pirated = workspace_binary("pirated")?;
+        let (pirated, config_path) = (pirated.to_str().context("path")?, config.to_str().context("path")?);
+        let mut child = tb
+            .vp
+            .command(&[pirated, "run", "--interface", VP_CLIENT_IF, "--config", config_path])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()?;
+        let mut said = String::new();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        for line in lines.by_ref() {
+            let line = line?;
+            said.push_str(&line);
+            said.push('\n');
+            if line.contains("attached") || line.starts_with("pirated: error") {
+                break;
+            }
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        for line in lines {
+            said.push_str(&line?);
+            said.push('\n');
+        }
+        child.wait()?;
+        std::fs::remove_file(&config)?;
+        Ok(said)
+    };
+    let instance = format!("volatile{}", std::process::id());
+    let first = run(&instance)?;
+    ensure!(first.contains("the pins will not outlive this pirated"), "no word of it at start:\n{first}");
+    ensure!(first.contains("nothing stays attached or pinned"), "no word of it at exit:\n{first}");
+    ensure!(!first.contains("left the chain attached"), "a promise it cannot keep:\n{first}");
+    ensure!(!attached(&tb)?, "the chain outlived its bpffs");
+    let second = run(&instance)?;
+    ensure!(second.contains("maps=\"new\""), "the second start found state:\n{second}");
+    Ok(())
+}

@@ -223,6 +223,9 @@ impl Datapath {
         }
         let layout = spec.layout_tag();
         let (pins, reuse) = PinDir::open(Path::new(&spec.pin_root), &spec.instance, &layout)?;
+        if let Some(why) = pins.volatile() {
+            warn!(pins = %pins.path().display(), "the pins will not outlive this pirated, whatever on_exit says: {why}");
+        }
         let mut dp = Self::load_pinned(spec, pins.path(), reuse)?;
         if !reuse {
             pins.mark(&layout)?;
@@ -354,10 +357,16 @@ impl Drop for Datapath {
                     warn!("{e:#}");
                 }
             }
-            Some((pins, OnExit::Keep)) => info!(
-                pins = %pins.path().display(),
-                "left the chain attached and its maps pinned: a restart resumes every flow's epoch; `pirated detach` removes them"
-            ),
+            Some((pins, OnExit::Keep)) => match pins.volatile() {
+                Some(why) => warn!(
+                    pins = %pins.path().display(),
+                    "nothing stays attached or pinned: {why}"
+                ),
+                None => info!(
+                    pins = %pins.path().display(),
+                    "left the chain attached and its maps pinned: a restart resumes every flow's epoch; `pirated detach` removes them"
+                ),
+            },
             None => {}
         }
     }

@@ -24,6 +24,8 @@ const LINK_PREFIX: &str = "link-";
 pub struct PinDir {
     dir: PathBuf,
     _lock: fs::File,
+    /// Why the pins will not outlive this process, if they will not.
+    volatile: Option<String>,
 }
 
 impl PinDir {
@@ -33,13 +35,13 @@ impl PinDir {
     /// (the chain stays attached until the new root replaces it).
     pub fn open(root: &Path, instance: &str, layout: &str) -> anyhow::Result<(PinDir, bool)> {
         let lock = lock_instance(instance)?;
-        ensure_bpffs(root)?;
+        let volatile = ensure_bpffs(root)?;
         let dir = root.join(instance);
         private_dir(&dir)?;
         let names = entries(&dir)?;
         let marker = format!("{MARKER_PREFIX}{layout}");
         if names.contains(&marker) {
-            return Ok((PinDir { dir, _lock: lock }, true));
+            return Ok((PinDir { dir, _lock: lock, volatile }, true));
         }
         let old = names.iter().find(|n| n.starts_with(MARKER_PREFIX));
         let stale: Vec<&String> = names.iter().filter(|n| *n != maps::FORWARD && !n.starts_with(LINK_PREFIX)).collect();
@@ -55,11 +57,16 @@ impl PinDir {
             let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
             removed.with_context(|| format!("removing the stale pin {}", path.display()))?;
         }
-        Ok((PinDir { dir, _lock: lock }, false))
+        Ok((PinDir { dir, _lock: lock, volatile }, false))
     }
 
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// Why the pins will not outlive this process, if they will not.
+    pub fn volatile(&self) -> Option<&str> {
+        self.volatile.as_deref()
     }
 
     /// Records that the maps pinned here now have `layout` (after they were all created).
@@ -185,8 +192,10 @@ fn lock_instance(instance: &str) -> anyhow::Result<fs::File> {
 }
 
 /// Makes sure `root` lies on bpffs. The default root's /sys/fs/bpf is mounted if it is not: a
-/// fresh boot has none, and `ip netns exec` gives its commands a new /sys without it.
-pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
+/// fresh boot has none, and `ip netns exec` gives its commands a new /sys without it. Says why
+/// the pins will not outlive this process, if they will not: a bpffs mounted here, in a mount
+/// namespace of this process's own (`ip netns exec` makes one per command), goes with it.
+pub fn ensure_bpffs(root: &Path) -> anyhow::Result<Option<String>> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
     let on_bpffs = |p: &Path| {
         let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else { return false };
@@ -197,7 +206,7 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
     // The nearest existing ancestor tells which filesystem `root` is (or will be) on.
     let existing = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     if on_bpffs(existing) {
-        return Ok(());
+        return Ok(None);
     }
     let sys_bpf = Path::new("/sys/fs/bpf");
     if !root.starts_with(sys_bpf) {
@@ -216,7 +225,14 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<()> {
         );
     }
     info!("mounted bpffs on /sys/fs/bpf");
-    Ok(())
+    let namespace = |pid: &str| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let own = namespace("self");
+    Ok((own.is_none() || own != namespace("1")).then(|| {
+        "its bpffs was mounted by this pirated in a mount namespace of its own (`ip netns exec`, a \
+         container), which ends with it: mount bpffs where it lasts (the host's /sys/fs/bpf, \
+         bind-mounted) to keep the chain and its state across restarts"
+            .to_string()
+    }))
 }
 
 #[cfg(test)]

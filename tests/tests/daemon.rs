@@ -128,8 +128,17 @@ fn metrics_outlive_failed_accepts() -> Result<()> {
     let mut pirated = start_with(&tb, "nofile", &["prlimit", "--nofile=64:64"])?;
     let log = attached(&mut pirated)?;
     let _stdout = pirated.stdout.take();
-    let held: Vec<TcpStream> =
-        (0..100).map(|_| tb.vp.run_in(|| TcpStream::connect(LISTEN))?.map_err(Into::into)).collect::<Result<_>>()?;
+    // From many addresses: /metrics holds only a few connections from each, and closes the
+    // rest at once; these are to run it out of descriptors.
+    let connect = |from: u8| -> std::io::Result<TcpStream> {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        socket.bind(&std::net::SocketAddr::from(([127, 0, 0, from], 0)).into())?;
+        socket.connect(&LISTEN.parse::<std::net::SocketAddr>().unwrap().into())?;
+        Ok(socket.into())
+    };
+    let held: Vec<TcpStream> = (0..100u8)
+        .map(|i| tb.vp.run_in(|| connect(1 + i / 4))?.map_err(Into::into))
+        .collect::<Result<_>>()?;
     let deadline = Instant::now() + Duration::from_secs(5);
     while !log.lock().unwrap().iter().any(|l| l.contains("accepting a metrics connection")) {
         ensure!(Instant::now() < deadline, "no failed accept logged: {:?}", log.lock().unwrap());

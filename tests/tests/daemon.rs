@@ -136,9 +136,8 @@ fn metrics_outlive_failed_accepts() -> Result<()> {
         socket.connect(&LISTEN.parse::<std::net::SocketAddr>().unwrap().into())?;
         Ok(socket.into())
     };
-    let held: Vec<TcpStream> = (0..100u8)
-        .map(|i| tb.vp.run_in(|| connect(1 + i / 4))?.map_err(Into::into))
-        .collect::<Result<_>>()?;
+    let held: Vec<TcpStream> =
+        (0..100u8).map(|i| tb.vp.run_in(|| connect(1 + i / 4))?.map_err(Into::into)).collect::<Result<_>>()?;
     let deadline = Instant::now() + Duration::from_secs(5);
     while !log.lock().unwrap().iter().any(|l| l.contains("accepting a metrics connection")) {
         ensure!(Instant::now() < deadline, "no failed accept logged: {:?}", log.lock().unwrap());

@@ -34,8 +34,10 @@ impl Limits {
         Limits { held: Arc::default(), total, per_source }
     }
 
-    /// A place for a connection from `source`, if the limits leave one.
+    /// A place for a connection from `source` (counted with its /64 for IPv6), if the limits
+    /// leave one.
     pub fn take(&self, source: IpAddr) -> Option<Slot> {
+        let source = source_of(source);
         let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let from = h.per_source.get(&source).copied().unwrap_or(0);
         if h.total >= self.total || from >= self.per_source {
@@ -44,6 +46,15 @@ impl Limits {
         h.total += 1;
         h.per_source.insert(source, from + 1);
         Some(Slot { held: self.held.clone(), source })
+    }
+}
+
+/// Who a connection counts against: an IPv4 address, or an IPv6 address's /64 (one host holds
+/// a whole /64).
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
     }
 }
 
@@ -75,5 +86,10 @@ mod tests {
         assert!(limits.take(c).is_none(), "a fourth in all");
         drop(a1);
         let _c1 = limits.take(c).expect("a place given back is taken again");
+        // A /64 is one source.
+        let v6 = Limits::new(8, 1);
+        let _one = v6.take("2001:db8::1".parse().unwrap()).unwrap();
+        assert!(v6.take("2001:db8::ffff:2".parse().unwrap()).is_none());
+        assert!(v6.take("2001:db8:0:1::1".parse().unwrap()).is_some());
     }
 }

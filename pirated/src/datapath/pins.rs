@@ -6,7 +6,7 @@ use std::{
     fs,
     os::{
         fd::AsRawFd,
-        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::{Path, PathBuf},
 };
@@ -132,7 +132,11 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
         .create(dir)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("creating {}", dir.display()))?;
-    let owner = fs::metadata(dir).with_context(|| format!("reading {}", dir.display()))?.uid();
+    let meta = fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("{} is not a directory (a link?): pirated keeps its state only in a directory of its own", dir.display());
+    }
+    let owner = meta.uid();
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if owner == 0 && me != 0 {
@@ -144,6 +148,11 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
              give it to this user (chown) or remove it",
             dir.display()
         );
+    }
+    // One made before (by an older pirated, or a runtime directory's default) is closed too.
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} its owner's alone", dir.display()))?;
     }
     Ok(())
 }
@@ -225,9 +234,16 @@ pub fn ensure_bpffs(root: &Path) -> anyhow::Result<Option<String>> {
         );
     }
     info!("mounted bpffs on /sys/fs/bpf");
+    // A mount namespace made for this process (`ip netns exec`, `unshare` make one per command)
+    // is not its parent's, and ends with it; so do PID 1's mounts (a container's only process).
     let namespace = |pid: &str| fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
-    let own = namespace("self");
-    Ok((own.is_none() || own != namespace("1")).then(|| {
+    // SAFETY: getppid has no preconditions.
+    let (own, parent) = (namespace("self"), namespace(&unsafe { libc::getppid() }.to_string()));
+    if own.is_none() || parent.is_none() {
+        info!("cannot tell whether this mount namespace, and the bpffs mounted in it, outlives pirated");
+    }
+    let private = std::process::id() == 1 || matches!((&own, &parent), (Some(a), Some(b)) if a != b);
+    Ok(private.then(|| {
         "its bpffs was mounted by this pirated in a mount namespace of its own (`ip netns exec`, a \
          container), which ends with it: mount bpffs where it lasts (the host's /sys/fs/bpf, \
          bind-mounted) to keep the chain and its state across restarts"

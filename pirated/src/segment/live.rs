@@ -159,10 +159,7 @@ impl State {
 
     fn close(&mut self, interval: u64) -> anyhow::Result<()> {
         let record = self.point.close(interval)?;
-        let mut refused = Vec::new();
-        while let Ok(reason) = self.link.refusals.try_recv() {
-            refused.push(reason);
-        }
+        let refused: Vec<(&'static str, u64)> = self.link.refusals.take().collect();
         let (up, dropped) = (self.link.up.load(Ordering::Relaxed), self.cache.take_dropped());
         (self.metrics)(&mut |m| {
             m.peer(up, refused.iter().copied(), dropped);

@@ -216,10 +216,10 @@ impl Metrics {
     }
 
     /// The link's state, its refusals and the packets the cache dropped since the last call.
-    pub fn peer(&self, up: bool, refused: impl IntoIterator<Item = &'static str>, cache_dropped: u64) {
+    pub fn peer(&self, up: bool, refused: impl IntoIterator<Item = (&'static str, u64)>, cache_dropped: u64) {
         self.peer_up.set(up as i64);
-        for reason in refused {
-            self.refused.get_or_create(&ReasonLabel { reason }).inc();
+        for (reason, n) in refused {
+            self.refused.get_or_create(&ReasonLabel { reason }).inc_by(n);
         }
         self.cache_dropped.inc_by(cache_dropped);
     }

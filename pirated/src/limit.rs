@@ -1,51 +1,41 @@
-//! What a listener facing the network holds at once: connections in all, and from one address,
-//! each given back when its connection ends. A leaf: `/metrics` and the segment's peer listener
-//! bound their strangers with it.
+//! What a listener facing the network holds at once: connections in all, and from one address
+//! (an IPv6 /64). Beyond, the oldest gives way to the newest, so that strangers who keep
+//! connecting cannot keep out a peer or a scraper whose exchange takes a round trip or two. A
+//! leaf: `/metrics` and the segment's peer listener bound their strangers with it.
 
-use std::{
-    collections::HashMap,
-    net::IpAddr,
-    sync::{Arc, Mutex},
-};
+use std::{collections::VecDeque, net::IpAddr};
 
-/// The limits and what is held against them.
-#[derive(Clone)]
-pub struct Limits {
-    held: Arc<Mutex<Held>>,
+use tokio::task::AbortHandle;
+
+/// The connections held, oldest first, each by its source and the task serving it.
+pub struct Held {
+    held: VecDeque<(IpAddr, AbortHandle)>,
     total: usize,
     per_source: usize,
 }
 
-#[derive(Default)]
-struct Held {
-    total: usize,
-    per_source: HashMap<IpAddr, usize>,
-}
-
-/// A connection's place, given back on drop.
-pub struct Slot {
-    held: Arc<Mutex<Held>>,
-    source: IpAddr,
-}
-
-impl Limits {
+impl Held {
     /// At most `total` connections at once, `per_source` from one address.
-    pub fn new(total: usize, per_source: usize) -> Limits {
-        Limits { held: Arc::default(), total, per_source }
+    pub fn new(total: usize, per_source: usize) -> Held {
+        Held { held: VecDeque::new(), total, per_source }
     }
 
-    /// A place for a connection from `source` (counted with its /64 for IPv6), if the limits
-    /// leave one.
-    pub fn take(&self, source: IpAddr) -> Option<Slot> {
-        let source = source_of(source);
-        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let from = h.per_source.get(&source).copied().unwrap_or(0);
-        if h.total >= self.total || from >= self.per_source {
-            return None;
-        }
-        h.total += 1;
-        h.per_source.insert(source, from + 1);
-        Some(Slot { held: self.held.clone(), source })
+    /// Makes room for a connection from `ip`: the task of the one to close for it, if the limits
+    /// call for one (the oldest from its source, else the oldest of all).
+    pub fn make_room(&mut self, ip: IpAddr) -> Option<AbortHandle> {
+        self.held.retain(|(_, task)| !task.is_finished());
+        let source = source_of(ip);
+        let oldest = match self.held.iter().filter(|(s, _)| *s == source).count() {
+            n if n >= self.per_source => self.held.iter().position(|(s, _)| *s == source),
+            _ if self.held.len() >= self.total => Some(0),
+            _ => None,
+        };
+        oldest.and_then(|i| self.held.remove(i)).map(|(_, task)| task)
+    }
+
+    /// Holds the connection from `ip` that `task` serves.
+    pub fn hold(&mut self, ip: IpAddr, task: AbortHandle) {
+        self.held.push_back((source_of(ip), task));
     }
 }
 
@@ -58,38 +48,30 @@ pub fn source_of(ip: IpAddr) -> IpAddr {
     }
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        h.total -= 1;
-        if let Some(n) = h.per_source.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                h.per_source.remove(&self.source);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn places_are_bounded_in_all_and_per_source_and_given_back() {
-        let limits = Limits::new(3, 2);
-        let (a, b, c) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into(), [10, 0, 0, 3].into());
-        let a1 = limits.take(a).unwrap();
-        let _a2 = limits.take(a).unwrap();
-        assert!(limits.take(a).is_none(), "a third from one source");
-        let _b1 = limits.take(b).unwrap();
-        assert!(limits.take(c).is_none(), "a fourth in all");
-        drop(a1);
-        let _c1 = limits.take(c).expect("a place given back is taken again");
+    #[tokio::test]
+    async fn the_oldest_gives_way_in_its_source_then_in_all() {
+        let mut held = Held::new(3, 2);
+        let task = || tokio::spawn(std::future::pending::<()>()).abort_handle();
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into(), [10, 0, 0, 3].into());
+        let a1 = task();
+        held.hold(a, a1.clone());
+        assert!(held.make_room(a).is_none());
+        held.hold(a, task());
+        let closed = held.make_room(a).expect("a third from one source");
+        assert_eq!(closed.id(), a1.id(), "not the oldest of its source");
+        held.hold(a, task());
+        let b1 = task();
+        assert!(held.make_room(b).is_none());
+        held.hold(b, b1);
+        assert!(held.make_room(c).is_some(), "a fourth in all");
         // A /64 is one source.
-        let v6 = Limits::new(8, 1);
-        let _one = v6.take("2001:db8::1".parse().unwrap()).unwrap();
-        assert!(v6.take("2001:db8::ffff:2".parse().unwrap()).is_none());
-        assert!(v6.take("2001:db8:0:1::1".parse().unwrap()).is_some());
+        let mut v6 = Held::new(8, 1);
+        v6.hold("2001:db8::1".parse().unwrap(), task());
+        assert!(v6.make_room("2001:db8::ffff:2".parse().unwrap()).is_some());
+        assert!(v6.make_room("2001:db8:0:1::1".parse().unwrap()).is_none());
     }
 }

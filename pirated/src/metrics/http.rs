@@ -3,8 +3,8 @@
 //! for it and Prometheus's text format otherwise. What faces the network is bounded: a request's
 //! head must arrive within `HEAD_WITHIN` however slowly it trickles, a connection is served
 //! within `SERVE_WITHIN` however slowly it reads, one request a connection, and at most
-//! `MAX_CONNECTIONS` at once, `MAX_PER_SOURCE` from one address; the others are closed at once
-//! and counted.
+//! `MAX_CONNECTIONS` at once, `MAX_PER_SOURCE` from one address: beyond, the oldest is closed for
+//! the newest, and counted.
 
 use std::{
     convert::Infallible,
@@ -28,13 +28,13 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::limit::Limits;
+use crate::limit::Held;
 
 /// How long a client has to send a request's head.
 pub const HEAD_WITHIN: Duration = Duration::from_secs(5);
 /// How long a connection is served in all (reading its request, writing the exposition).
 pub const SERVE_WITHIN: Duration = Duration::from_secs(10);
-/// Connections served at once; beyond, new ones are closed.
+/// Connections served at once; beyond, the oldest is closed for the newest.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Connections from one address served at once.
 pub const MAX_PER_SOURCE: usize = 8;
@@ -69,7 +69,7 @@ pub struct Server {
     pub exposed: Exposed,
     /// Accepts that failed (out of descriptors, a connection reset before it was taken).
     pub accept_errors: Counter,
-    /// Connections closed at once, past `MAX_CONNECTIONS` or `MAX_PER_SOURCE`.
+    /// Connections closed for newer ones, past `MAX_CONNECTIONS` or `MAX_PER_SOURCE`.
     pub refused: Counter,
 }
 
@@ -77,7 +77,7 @@ pub struct Server {
 /// descriptors, a connection reset before it was taken) leaves the listener usable: it is logged,
 /// counted, and the server goes on after a pause.
 pub async fn serve_on(listener: TcpListener, server: Server) {
-    let limits = Limits::new(MAX_CONNECTIONS, MAX_PER_SOURCE);
+    let mut held = Held::new(MAX_CONNECTIONS, MAX_PER_SOURCE);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -88,18 +88,18 @@ pub async fn serve_on(listener: TcpListener, server: Server) {
                 continue;
             }
         };
-        let Some(slot) = limits.take(peer.ip()) else {
-            debug!(%peer, "metrics: too many connections, closed this one");
+        if let Some(oldest) = held.make_room(peer.ip()) {
+            debug!(%peer, "metrics: too many connections, closed the oldest for this one");
+            oldest.abort();
             server.refused.inc();
-            continue;
-        };
+        }
         let exposed = server.exposed.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
+        let task = tokio::spawn(async move {
             if let Err(e) = serve_connection(stream, exposed).await {
                 debug!(%peer, "metrics connection: {e}");
             }
         });
+        held.hold(peer.ip(), task.abort_handle());
     }
 }
 
@@ -280,8 +280,9 @@ mod tests {
         assert!(started.elapsed() < HEAD_WITHIN + Duration::from_secs(2), "closed after {:?}", started.elapsed());
     }
 
-    /// Past `MAX_PER_SOURCE` idle connections from one address, the next from it is closed at
-    /// once (and counted), while another address is served.
+    /// Past `MAX_PER_SOURCE` idle connections from one address, the next from it is served and
+    /// the oldest idle one closed for it (and counted); another address is served too. (One
+    /// address held every connection, and the scraper waited.)
     #[tokio::test]
     async fn one_address_cannot_take_every_connection() {
         let (addr, server) = server().await;
@@ -289,12 +290,13 @@ mod tests {
         for _ in 0..MAX_PER_SOURCE {
             idle.push(connect(addr, [127, 0, 0, 1]).await);
         }
-        // The accept loop takes them in order: the next one from that address is refused.
-        let refused = exchange(connect(addr, [127, 0, 0, 1]).await, "GET /metrics HTTP/1.1\r\n\r\n").await;
-        assert_eq!(refused, "", "served past the per-source limit");
+        let served = exchange(connect(addr, [127, 0, 0, 1]).await, "GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert!(served.starts_with("HTTP/1.1 200"), "not served past the per-source limit: {served:?}");
+        let mut oldest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(1), idle[0].read_to_end(&mut oldest)).await;
+        assert!(closed.is_ok(), "the oldest idle connection was not closed");
         let served = exchange(connect(addr, [127, 0, 0, 2]).await, "GET /metrics HTTP/1.1\r\n\r\n").await;
         assert!(served.starts_with("HTTP/1.1 200"), "{served}");
         assert_eq!(server.refused.get(), 1);
-        drop(idle);
     }
 }

@@ -117,7 +117,7 @@ impl Metrics {
         );
         registry.register(
             "metrics_connections_refused",
-            "Connections to /metrics closed at once: more than the server takes at a time, or from one address",
+            "Connections to /metrics closed for newer ones: more than the server holds at a time, or from one address",
             m.connections_refused.clone(),
         );
         let m = Metrics { registry, ..m };

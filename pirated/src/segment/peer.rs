@@ -9,8 +9,7 @@
 //! a peer sends can stop the daemon.
 
 use std::{
-    collections::{HashMap, VecDeque},
-    net::IpAddr,
+    collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -26,7 +25,7 @@ use tokio::{
         TcpListener, TcpStream,
     },
     sync::{mpsc, Mutex},
-    task::{AbortHandle, JoinHandle},
+    task::JoinHandle,
     time::Instant,
 };
 use tracing::{debug, info, warn};
@@ -35,7 +34,7 @@ use super::{
     clock,
     wire::{self, Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
 };
-use crate::limit::source_of;
+use crate::limit::Held;
 
 /// Intervals a message may be away from this point's current one.
 const WINDOW: u64 = 4;
@@ -145,7 +144,7 @@ impl Link {
         tokio::spawn(async move {
             let (ready, mut established) = mpsc::channel::<Established>(1);
             let mut current: Option<JoinHandle<()>> = None;
-            let mut handshakes: VecDeque<(IpAddr, AbortHandle)> = VecDeque::new();
+            let mut handshakes = Held::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
             loop {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
@@ -153,14 +152,7 @@ impl Link {
                             // Strangers hold few handshakes and few from one address: the oldest
                             // gives way to the newest, so that a peer's handshake (two round
                             // trips) gets through however many strangers keep connecting.
-                            handshakes.retain(|(_, h): &(IpAddr, AbortHandle)| !h.is_finished());
-                            let source = source_of(from.ip());
-                            let oldest = match handshakes.iter().filter(|(s, _)| *s == source).count() {
-                                n if n >= MAX_HANDSHAKES_PER_SOURCE => handshakes.iter().position(|(s, _)| *s == source),
-                                _ if handshakes.len() >= MAX_HANDSHAKES => Some(0),
-                                _ => None,
-                            };
-                            if let Some((_, evicted)) = oldest.and_then(|i| handshakes.remove(i)) {
+                            if let Some(evicted) = handshakes.make_room(from.ip()) {
                                 evicted.abort();
                                 session.refuse(&from.to_string(), Refusal::new("busy", "a newer connection took the place of an older one's handshake".into()));
                             }
@@ -170,7 +162,7 @@ impl Link {
                                     let _ = ready.send(e).await;
                                 }
                             });
-                            handshakes.push_back((source, task.abort_handle()));
+                            handshakes.hold(from.ip(), task.abort_handle());
                         }
                         Err(e) => {
                             warn!("segment: accepting a peer connection: {e}");

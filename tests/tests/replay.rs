@@ -46,6 +46,9 @@ const ETH_MACS_LEN: usize = 12;
 const LINKTYPE_RAW: u32 = 101;
 const LINKTYPE_LINUX_SLL: u32 = 113;
 const LINKTYPE_LINUX_SLL2: u32 = 276;
+/// Connections made of one capture's are numbered over these client ports of each address.
+const FIRST_PORT: u64 = 1024;
+const PORTS: u64 = 65_536 - FIRST_PORT;
 
 fn by_flow(lines: &[Value]) -> BTreeMap<String, Value> {
     lines
@@ -229,6 +232,14 @@ fn reap(child: &mut Child, limit: Duration) -> Result<(ExitStatus, u64)> {
         peak = hwm.unwrap_or(0).max(peak);
     })?;
     Ok((status, peak))
+}
+
+/// Makes `r`, TCP segment `t` of the capture, one of connection `id`: from port
+/// `FIRST_PORT + id % PORTS` of the address `id / PORTS` above its original client's.
+fn renumber(r: &mut Record, t: &Tcp4, id: u64) {
+    let addr = u32::from(*t.source.ip()) + (id / PORTS) as u32;
+    r.data[t.addr_at..t.addr_at + 4].copy_from_slice(&addr.to_be_bytes());
+    r.data[t.port_at..t.port_at + 2].copy_from_slice(&((FIRST_PORT + id % PORTS) as u16).to_be_bytes());
 }
 
 /// The frames a summary says were refused for `reason` (none where it does not name it).
@@ -505,9 +516,7 @@ fn flows_tied_on_a_timestamp_are_evicted_as_others_are() -> Result<()> {
         let mut w = pcap.writer(out)?;
         let mut r = request.clone();
         for id in 0..FLOWS {
-            let addr = u32::from(*t.source.ip()) + (id / 60_000) as u32;
-            r.data[t.addr_at..t.addr_at + 4].copy_from_slice(&addr.to_be_bytes());
-            r.data[t.port_at..t.port_at + 2].copy_from_slice(&(1024 + id % 60_000).to_be_bytes()[6..]);
+            renumber(&mut r, &t, id);
             w.record(&r)?;
         }
         Ok(())
@@ -625,8 +634,6 @@ fn a_capture_with_nothing_to_measure_fails() -> Result<()> {
 #[test]
 fn a_two_gigabyte_capture_replays_in_constant_memory() -> Result<()> {
     const BYTES: u64 = 2 << 30;
-    const FIRST_PORT: u64 = 1024;
-    const PORTS: u64 = 65_536 - FIRST_PORT;
     let live = live();
     let pcap = Pcap::parse(&live.pcap)?;
     let reference =
@@ -642,8 +649,6 @@ fn a_two_gigabyte_capture_replays_in_constant_memory() -> Result<()> {
     let repetitions = BYTES.div_ceil(repetition);
     let records = repetitions * pcap.records.len() as u64;
 
-    // Connection `id` of the stream comes from port FIRST_PORT + id % PORTS of the address
-    // id / PORTS above its original client's.
     let feed = |out: &mut dyn Write| -> io::Result<()> {
         let mut w = pcap.writer(out)?;
         let mut copy = pcap.records.clone();
@@ -651,10 +656,7 @@ fn a_two_gigabyte_capture_replays_in_constant_memory() -> Result<()> {
             for ((r, original), segment) in copy.iter_mut().zip(&pcap.records).zip(&segments) {
                 r.ts_ns = original.ts_ns + k * period;
                 if let Some((connection, t)) = segment {
-                    let id = k * connections + connection;
-                    let addr = u32::from(*t.source.ip()) + (id / PORTS) as u32;
-                    r.data[t.addr_at..t.addr_at + 4].copy_from_slice(&addr.to_be_bytes());
-                    r.data[t.port_at..t.port_at + 2].copy_from_slice(&((FIRST_PORT + id % PORTS) as u16).to_be_bytes());
+                    renumber(r, t, k * connections + connection);
                 }
                 w.record(r)?;
             }

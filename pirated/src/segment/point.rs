@@ -47,6 +47,11 @@ impl Cache {
         std::mem::take(&mut self.dropped)
     }
 
+    /// The first interval whose packets are kept.
+    pub fn from(&self) -> u64 {
+        self.from
+    }
+
     /// Forgets the intervals before `interval`, and keeps no packet of them from now on.
     pub fn keep_from(&mut self, interval: u64) {
         self.intervals = self.intervals.split_off(&interval);

@@ -97,9 +97,8 @@ struct Point {
     banks: Banks,
     tai_offset_ns: i64,
     pkt: PacketCtx,
+    /// Records of the intervals from the cache's first on (those before are of no use).
     records: BTreeMap<u64, Record>,
-    /// Records of intervals before this one are of no use any more, and not kept.
-    from: u64,
     /// The interval the banks are filling (the capture's last, once it ended).
     current: Option<u64>,
     ended: bool,
@@ -114,7 +113,6 @@ impl Point {
             tai_offset_ns,
             pkt: PacketCtx::default(),
             records: BTreeMap::new(),
-            from: 0,
             current: None,
             ended: false,
             tally: Tally::default(),
@@ -150,7 +148,10 @@ impl Point {
                     self.tally.refused.add("backwards");
                     continue;
                 }
-                Some(c) if interval > c => keep(&mut self.records, self.from, c, self.banks.close(c)),
+                Some(c) if interval > c => {
+                    let from = self.banks.cache.from();
+                    keep(&mut self.records, from, c, self.banks.close(c));
+                }
                 _ => {}
             }
             self.current = Some(interval);
@@ -162,7 +163,8 @@ impl Point {
     fn end(&mut self) {
         self.ended = true;
         if let Some(c) = self.current {
-            keep(&mut self.records, self.from, c, self.banks.close(c));
+            let from = self.banks.cache.from();
+            keep(&mut self.records, from, c, self.banks.close(c));
         }
     }
 
@@ -176,7 +178,6 @@ impl Point {
     /// them from now on.
     fn keep_from(&mut self, interval: u64) {
         self.records = self.records.split_off(&interval);
-        self.from = self.from.max(interval);
         self.banks.cache.keep_from(interval);
     }
 

@@ -1,20 +1,20 @@
-//! The segment's peer messages, as an authenticated peer could send them: a kind, an interval and
-//! any body, framed under the key (so that the body parser is reached, past the MAC). A message
-//! or a refusal with a reason, never a panic; a message read encodes back to what reads the same.
+//! The segment's peer channel where bytes come from the network. A message as an authenticated
+//! peer could send it, once the channel has opened it: a message or a refusal with a reason,
+//! never a panic, and a message decodes back from what it encodes to. And what a stranger sends
+//! the downstream point: its preamble and first message, refused or (never, without the key)
+//! answered.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pirated::segment::wire::{frame, Message, MAX_BODY};
-
-const KEY: &[u8] = b"sixteen bytes at least";
+use pirated::segment::{channel, key::Psk, wire::Message};
 
 fuzz_target!(|data: &[u8]| {
-    let (Some(&kind), Some(interval)) = (data.first(), data.get(1..9)) else { return };
-    let interval = u64::from_le_bytes(interval.try_into().unwrap());
-    let framed = frame(kind, interval, &data[9..], KEY);
+    if let Ok(message) = Message::decode(data) {
+        assert_eq!(Message::decode(&message.encode()).as_ref(), Ok(&message), "{message:?} read back otherwise");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    let read = |bytes: &[u8]| runtime.block_on(Message::read(&mut &bytes[..], KEY, MAX_BODY));
-    if let Ok(message) = read(&framed) {
-        assert_eq!(read(&message.encode(KEY)).as_ref(), Ok(&message), "{message:?} read back otherwise");
+    if let Ok(first) = runtime.block_on(channel::read_first(&mut &data[..])) {
+        let hello = Message::Hello { shape: Default::default(), interval: 0 };
+        assert!(channel::respond(&Psk::new([7; 32]), &first, &hello).is_err(), "a stranger's first message verified");
     }
 });

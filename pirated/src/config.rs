@@ -361,7 +361,7 @@ pub(crate) mod tests {
     #[test]
     fn each_limit_accepts_its_edge_and_refuses_the_next_at_its_line() {
         let lb = "[lb]\ntunnel_source = \"10.1.0.254\"\n";
-        let up = "[segment]\nrole = \"up\"\nkey = \"sixteen bytes at least\"\n";
+        let up = "[segment]\nrole = \"up\"\nkey_file = \"k\"\n";
         let both = "interface = \"eth0\"\n[segment]\nrole = \"both\"\ndown_interface = \"eth1\"";
         #[rustfmt::skip]
         let edges: &[(&str, &str, &str, &str)] = &[
@@ -420,7 +420,7 @@ pub(crate) mod tests {
             ("", "pin_root = \"/sys/fs/bpf/../pirated\"", "pin_root = \"/sys/fs/bpf/pirated.v2\"",
                 "line 1: pin_root = \"/sys/fs/bpf/pirated.v2\": \"pirated.v2\" has a dot, which bpffs refuses"),
             // The downstream point's listener and /metrics' on one port.
-            ("[metrics]\nlisten = \"127.0.0.1:9464\"\n[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\n",
+            ("[metrics]\nlisten = \"127.0.0.1:9464\"\n[segment]\nrole = \"down\"\nkey_file = \"k\"\n",
                 "listen = \"[::1]:9464\"", "listen = \"0.0.0.0:9464\"",
                 "line 6: segment.listen = 0.0.0.0:9464: metrics.listen (127.0.0.1:9464) binds that port too"),
             // Where the upstream point connects: host:port.

@@ -43,7 +43,8 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Validate a configuration file and print the effective configuration.
+    /// Validate a configuration file and print the effective configuration; a segment point's
+    /// key file is read and checked too (the key itself is never printed).
     Check {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -81,6 +82,14 @@ enum Command {
         tai_offset: Option<i64>,
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+    },
+    /// Write a fresh segment key (256 random bits, as 64 hex digits) to FILE, which must not
+    /// exist, readable by its owner only; copy it to the other point by a secure means and set
+    /// `segment.key_file` at both.
+    Keygen {
+        /// Where to write the key (refused if anything is there).
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
     },
 }
 
@@ -144,6 +153,7 @@ fn main() {
         None => run(cli.run),
         Some(Command::Run(args)) => run(args.or(cli.run)),
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
+        Some(Command::Keygen { file }) => segment::key::Psk::write_new(&file),
         Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| epoch::replay(&c, CaptureReader::open(&pcap)?, &mut std::io::stdout().lock())),
@@ -163,6 +173,10 @@ fn main() {
 fn check(path: Option<PathBuf>) -> anyhow::Result<()> {
     let config = load(path.as_ref())?;
     print!("{}", toml::to_string(&config)?);
+    if matches!(config.segment.role, segment::config::Role::Up | segment::config::Role::Down) {
+        config.segment.key()?;
+        println!("# segment key: set, read from segment.key_file and found private");
+    }
     Ok(())
 }
 

@@ -15,7 +15,10 @@
 //!  snd s-u ── u-s [mid] u-d ══ emulator ══ d-u [mid] d-r ── r-d rcv
 //! ```
 
+use std::{path::PathBuf, sync::Mutex};
+
 use anyhow::Result;
+use pirated::segment::key::Psk;
 
 use crate::{
     linkem::EmuLink,
@@ -26,6 +29,19 @@ pub const SENDER_IP: &str = "10.204.1.1";
 pub const RECEIVER_IP: &str = "10.204.3.2";
 /// Where pirated D listens for pirated U.
 pub const PEER_ADDR: &str = "10.204.9.2:9465";
+/// A key file both points of a test read (`segment.key_file`): written once, owner-only, and
+/// written again when what is there does not read as a key.
+pub fn key_file() -> Result<PathBuf> {
+    static WRITING: Mutex<()> = Mutex::new(());
+    let path = std::env::temp_dir().join("pirated-tests-segment.key");
+    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    if Psk::read(&path).is_err() {
+        let _ = std::fs::remove_file(&path);
+        Psk::write_new(&path)?;
+    }
+    Ok(path)
+}
+
 /// The interfaces the points measure on.
 pub const UP_IF: &str = "u-s";
 pub const DOWN_IF: &str = "d-u";

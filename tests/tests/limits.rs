@@ -17,6 +17,7 @@ use anyhow::{bail, ensure, Context, Result};
 use pirate_tests::{
     netns::{veth, Netns},
     testbed::{exit_within, workspace_binary},
+    twopoint,
 };
 
 /// The two ends of the veth pair, named with the most an interface name takes (15 bytes).
@@ -263,6 +264,7 @@ fn the_largest_sizes_load() -> Result<()> {
 fn the_other_largest_values_load() -> Result<()> {
     let bed = Bed::new()?;
     let instance = bed.instance("vips", 250);
+    let key = twopoint::key_file()?.display().to_string();
     let config = format!(
         r#"interface = "{UP_IF}"
 instance = "{instance}"
@@ -280,7 +282,7 @@ ring_size = 6421
 {}
 [segment]
 role = "down"
-key = "sixteen bytes at least"
+key_file = "{key}"
 listen = "[::1]:9464"
 [metrics]
 listen = "127.0.0.1:9464"
@@ -297,6 +299,7 @@ listen = "127.0.0.1:9464"
 fn the_smallest_values_load() -> Result<()> {
     let bed = Bed::new()?;
     let instance = bed.instance("min", 24);
+    let key = twopoint::key_file()?.display().to_string();
     let config = format!(
         r#"interface = "{UP_IF}"
 instance = "{instance}"
@@ -320,7 +323,7 @@ vips = [{{ address = "10.0.0.1:80", reals = ["10.1.0.1"] }}]
 [segment]
 role = "up"
 peer = "localhost:65535"
-key = "sixteen bytes at least"
+key_file = "{key}"
 interval = "100ms"
 lda_rows = 2
 lda_loss = [0.5]
@@ -341,7 +344,8 @@ fn run_refuses_what_check_refuses_with_the_same_message() -> Result<()> {
     let bed = Bed::new()?;
     let instance = bed.instance("refused", 24);
     let head = format!("interface = \"{UP_IF}\"\ninstance = \"{instance}\"\non_exit = \"detach\"\n");
-    let role = |role: &str| format!("[segment]\nrole = \"{role}\"\nkey = \"sixteen bytes at least\"\n");
+    let key = twopoint::key_file()?.display().to_string();
+    let role = |role: &str| format!("[segment]\nrole = \"{role}\"\nkey_file = \"{key}\"\n");
     let sla: Vec<String> = (1..=17).map(|ms| format!("\"{ms}ms\"")).collect();
     let fridge = "{ slots = 16, p = 1 }";
     #[rustfmt::skip]

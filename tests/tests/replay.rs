@@ -567,7 +567,8 @@ fn replay_segment_keeps_memory_flat_before_the_upstream_capture_starts() -> Resu
         "--down".as_ref(),
         down.0.as_os_str(),
     ];
-    let config = "[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\ninterval = \"100ms\"\n";
+    // The key file is not read: replay-segment needs no key.
+    let config = "[segment]\nrole = \"down\"\nkey_file = \"/nonexistent\"\ninterval = \"100ms\"\n";
     let run = run_pirated(&args, Input::File(&up.0), config, QUICK)?;
     eprintln!("D {ALONE} intervals ahead of U: {} in {:?}, peak {} KiB", run.status, run.elapsed, run.max_rss_kib);
     let run = run.succeeded()?;

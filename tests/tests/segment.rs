@@ -24,12 +24,14 @@ use pirate_tests::{
     linkem::{probe::Probes, LinkSpec},
     netns::Netns,
     testbed::{metric, wait_until, workspace_binary, PinRoot, Pirated},
-    twopoint::{TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+    twopoint::{self, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
     capture::read_all,
     segment::{
+        channel::{self, Initiator},
         clock::{self, tai_offset_ns},
+        key::Psk,
         reconcile::NO_UPSTREAM,
         wire::Message,
     },
@@ -48,14 +50,14 @@ const EDGE_NS: i64 = 20_000;
 /// about its share of the interval, which the bound on the mean leaves room for.
 const LATE_NS: i64 = 200_000;
 
-const KEY: &str = "two points, one pre-shared key";
-
 /// A point's configuration; `top` goes before the tables.
-fn config(role: &str, top: &str) -> String {
-    format!(
+fn config(role: &str, top: &str) -> Result<String> {
+    let key = twopoint::key_file()?;
+    Ok(format!(
         "{top}[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
-         key = \"{KEY}\"\ninterval = \"1s\"\npackets = 1200\nrda_buckets = 8192\n"
-    )
+         key_file = \"{}\"\ninterval = \"1s\"\npackets = 1200\nrda_buckets = 8192\n",
+        key.display()
+    ))
 }
 
 /// What the captures say of one interval (by the time each packet passed U).
@@ -374,12 +376,12 @@ fn assert_figures(Probed { lines, truths, captures, scrapes }: &Probed, config: 
 fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> {
     let tb = TwoPoint::new()?;
     let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 7)?;
-    let mut down = Pirated::start(&tb.down, DOWN_IF, &config("down", ""))?;
-    let mut up = Pirated::start(&tb.up, UP_IF, &config("up", ""))?;
+    let mut down = Pirated::start(&tb.down, DOWN_IF, &config("down", "")?)?;
+    let mut up = Pirated::start(&tb.up, UP_IF, &config("up", "")?)?;
     let probed = probe(&tb.sender, &tb.receiver, (&tb.up, UP_IF), (&tb.down, DOWN_IF), &mut down)?;
     up.stop()?;
     emulator.stop()?;
-    assert_figures(&probed, &config("down", ""))
+    assert_figures(&probed, &config("down", "")?)
 }
 
 /// One pirated on two ports of the host the segment starts and ends at (role "both": the
@@ -389,7 +391,7 @@ fn one_way_delay_under_loss_and_reordering_matches_the_captures() -> Result<()> 
 fn one_pirated_on_two_ports_matches_the_captures() -> Result<()> {
     let tb = TwoPorts::new()?;
     let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 13)?;
-    let both = config("both", "") + &format!("down_interface = \"{DOWN_IF}\"\n");
+    let both = config("both", "")? + &format!("down_interface = \"{DOWN_IF}\"\n");
     let mut pirated = Pirated::start(&tb.mid, UP_IF, &both)?;
     let probed = probe(&tb.sender, &tb.receiver, (&tb.mid, UP_IF), (&tb.mid, DOWN_IF), &mut pirated)?;
     emulator.stop()?;
@@ -444,19 +446,20 @@ fn interval_now() -> i64 {
 
 /// Connects to the downstream point's peer port from `ns`, sends `bytes`, and reads until the
 /// point closes the connection (it refuses what it was sent).
-fn stranger(ns: &Netns, bytes: Vec<u8>) -> Result<()> {
+fn stranger(ns: &Netns, talk: impl FnOnce(&mut TcpStream) -> Result<()> + Send) -> Result<()> {
     ns.run_in(move || -> Result<()> {
         let mut stream = TcpStream::connect(PEER_ADDR)?;
         stream.set_read_timeout(Some(Duration::from_secs(8)))?;
-        stream.write_all(&bytes)?;
+        talk(&mut stream)?;
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).context("the downstream point kept a stranger's connection open")?;
         Ok(())
     })?
 }
 
-/// The upstream point's first `count` peer messages, from a capture of the control link: TCP
-/// payloads towards the peer port, in order (the frames are whole: the handshake's are small).
+/// The upstream point's preamble and first `count` Noise messages, from a capture of the control
+/// link: TCP payloads towards the peer port, in order (the frames are whole: the handshake's
+/// are small).
 fn first_messages(frames: &[(u64, Vec<u8>)], count: usize) -> Result<Vec<u8>> {
     let port = PEER_ADDR.rsplit(':').next().unwrap().parse::<u16>()?.to_be_bytes();
     let mut stream = Vec::new();
@@ -473,18 +476,18 @@ fn first_messages(frames: &[(u64, Vec<u8>)], count: usize) -> Result<Vec<u8>> {
         let payload = tcp + usize::from(f[tcp + 12] >> 4) * 4;
         stream.extend_from_slice(&f[payload..(ip + total).min(f.len())]);
     }
-    // Each message: a 24-byte header with its body's length at 16..20, the body, a 32-byte tag.
-    let mut end = 0;
+    // The preamble, then Noise messages, each behind its length (u16).
+    let mut end = channel::PREAMBLE.len();
     for _ in 0..count {
-        let len = stream.get(end + 16..end + 20).context("the capture holds too few messages")?;
-        end += 24 + u32::from_le_bytes(len.try_into()?) as usize + 32;
+        let len = stream.get(end..end + 2).context("the capture holds too few messages")?;
+        end += 2 + usize::from(u16::from_le_bytes(len.try_into()?));
     }
     ensure!(end <= stream.len(), "the capture holds too few messages");
     Ok(stream[..end].to_vec())
 }
 
-/// Strangers at the downstream point's door (not a peer message, a Hello under another key,
-/// the upstream point's recorded handshake played again, a Hello with other settings) are
+/// Strangers at the downstream point's door (not a peer message, a first message under another
+/// key, the upstream point's recorded handshake played again, a Hello with other settings) are
 /// refused and counted without disturbing the measurement; then each point is restarted in
 /// turn (its pinned banks reused) while traffic flows. Both keep running, every interval the
 /// downstream point could not measure is reported with a reason and without a figure, every
@@ -494,7 +497,7 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
     let tb = TwoPoint::new()?;
     let root = PinRoot::new()?;
     let top = format!("pin_root = \"{}\"\n", root.path.display());
-    let (up_config, down_config) = (config("up", &top), config("down", &top));
+    let (up_config, down_config) = (config("up", &top)?, config("down", &top)?);
     let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 11)?;
     let mut down = Pirated::start(&tb.down, DOWN_IF, &down_config)?;
     let mut control = Capture::start(&tb.down, "d-m", &["-Q", "in", "tcp"])?;
@@ -518,15 +521,22 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
             let shape = |config: &str| -> Result<SegmentShape> {
                 Ok(pirated::config::Config::parse(&format!("interface = \"{UP_IF}\"\n{config}"))?.segment.shape())
             };
-            let (ours, other) = (shape(&up_config)?, shape(&up_config.replace("\"1s\"", "\"2s\""))?);
-            let hello = |key: &[u8], shape| {
-                let nonce = [7; pirated::segment::wire::NONCE];
-                Message::Hello { up: true, shape, interval: interval_now() as u64, nonce }.encode(key)
-            };
-            stranger(&tb.up, b"GET /metrics HTTP/1.1\r\nHost: pirated\r\n\r\n".to_vec())?;
-            stranger(&tb.up, hello(b"not the key the points share", ours))?;
-            stranger(&tb.up, handshake)?;
-            stranger(&tb.up, hello(KEY.as_bytes(), other))?;
+            let other = shape(&up_config.replace("\"1s\"", "\"2s\""))?;
+            let says = |bytes: Vec<u8>| move |s: &mut TcpStream| Ok(s.write_all(&bytes)?);
+            stranger(&tb.up, says(b"GET /metrics HTTP/1.1\r\nHost: pirated\r\n\r\n".to_vec()))?;
+            stranger(&tb.up, says(Initiator::start(&Psk::generate()?)?.1))?;
+            stranger(&tb.up, says(handshake))?;
+            // With the key, but other settings: refused once the Hellos are in.
+            stranger(&tb.up, |s: &mut TcpStream| {
+                let (initiator, first) = Initiator::start(&Psk::read(&twopoint::key_file()?)?)?;
+                s.write_all(&first)?;
+                let mut len = [0u8; 2];
+                s.read_exact(&mut len)?;
+                let mut answer = vec![0u8; usize::from(u16::from_le_bytes(len))];
+                s.read_exact(&mut answer)?;
+                let (_, mut sealer, _) = initiator.finish(&answer)?;
+                Ok(s.write_all(&sealer.seal(&Message::Hello { shape: other, interval: interval_now() as u64 }))?)
+            })?;
             let strangers_gone = interval_now();
             down.wait_for(Duration::from_secs(5), measured_after(strangers_gone + 1))?;
             let refused = down.metrics(&tb.down)?;

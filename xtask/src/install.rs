@@ -71,7 +71,7 @@ pub fn settings<'a>(unit: &'a str, key: &str) -> impl Iterator<Item = &'a str> +
 
 /// Installs `built`, a pirated binary, as the service of `layout`: the unit's user (made if
 /// missing), the binary, a configuration (only if there is none: an operator's stays) readable by
-/// root and the user's group alone (`[segment] key` is a secret), and the unit; checks the
+/// root and the user's group alone, and the unit; checks the
 /// configuration with `pirated check` and the unit with `systemd-analyze verify`, and has systemd
 /// reload its units where it runs them. Run again, it replaces the binary and the unit and keeps
 /// the rest. Needs root.

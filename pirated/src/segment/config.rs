@@ -11,6 +11,7 @@ use pirate_common::segment::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::key::Psk;
 use crate::{
     datapath::{ring, spec},
     value::{refuse, Dur},
@@ -25,8 +26,9 @@ pub struct SegmentConfig {
     pub peer: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub down_interface: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub key: String,
+    /// Refused when set, saying where the key goes now (see [`SegmentConfig::validate`]).
+    #[serde(skip_serializing)]
+    pub key: Option<toml::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
     pub lda: bool,
@@ -62,7 +64,7 @@ impl Default for SegmentConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9465)),
             peer: String::new(),
             down_interface: String::new(),
-            key: String::new(),
+            key: None,
             key_file: None,
             lda: true,
             lda_rows: 512,
@@ -81,8 +83,6 @@ impl Default for SegmentConfig {
 /// The most rows or buckets per bank (both halves of every bank then take 2 × 4 × 2^16 cells
 /// per CPU).
 const MAX_CELLS: u32 = 1 << 16;
-/// The shortest pre-shared key.
-pub const MIN_KEY_BYTES: usize = 16;
 /// The largest packet cache ring.
 const MAX_CACHE_RING: u32 = 256 << 20;
 
@@ -149,6 +149,15 @@ impl SegmentConfig {
                 format!("segment.cache_ring_bytes = {}: {why}", self.cache_ring_bytes),
             );
         }
+        if self.key.is_some() {
+            return refuse(
+                &["segment.key"],
+                "segment.key is not read: a key in the configuration is readable by whoever reads it. Write \
+                 one with `pirated keygen /etc/pirated/segment.key`, copy it to the other point, and set \
+                 segment.key_file"
+                    .into(),
+            );
+        }
         if !self.enabled() {
             return Ok(());
         }
@@ -182,34 +191,21 @@ impl SegmentConfig {
                 false => Ok(()),
             };
         }
-        match (&self.key_file, self.key.len()) {
-            (Some(_), 0) => Ok(()),
-            (None, n) if n >= MIN_KEY_BYTES => Ok(()),
-            (Some(_), _) => {
-                refuse(&["segment.key", "segment.key_file"], "set segment.key or segment.key_file, not both".into())
-            }
-            (None, _) => refuse(
-                &["segment.key", "segment.role"],
-                format!(
-                    "segment.key: the pre-shared key both points authenticate their messages with, at least \
-                     {MIN_KEY_BYTES} bytes (or segment.key_file, a file holding it)"
-                ),
+        match &self.key_file {
+            Some(_) => Ok(()),
+            None => refuse(
+                &["segment.key_file", "segment.role"],
+                "segment.key_file is not set: the file holding the key both points authenticate each other \
+                 with (`pirated keygen FILE` writes one)"
+                    .into(),
             ),
         }
     }
 
-    /// The pre-shared key: `key`, or the contents of `key_file` (a trailing newline dropped).
-    pub fn key(&self) -> anyhow::Result<Vec<u8>> {
-        use anyhow::Context;
-        let Some(path) = &self.key_file else { return Ok(self.key.as_bytes().to_vec()) };
-        let mut key = std::fs::read(path).with_context(|| format!("reading segment.key_file {}", path.display()))?;
-        while key.last().is_some_and(|b| b.is_ascii_whitespace()) {
-            key.pop();
-        }
-        if key.len() < MIN_KEY_BYTES {
-            anyhow::bail!("segment.key_file {} holds {} bytes: at least {MIN_KEY_BYTES}", path.display(), key.len());
-        }
-        Ok(key)
+    /// The pre-shared key, read from `key_file` (see [`Psk::read`] for what it must be).
+    pub fn key(&self) -> anyhow::Result<Psk> {
+        let path = self.key_file.as_deref().ok_or_else(|| anyhow::anyhow!("segment.key_file is not set"))?;
+        Psk::read(path)
     }
 
     /// The datapath's view (`interval_ns` 0 when off). Both points must compute the same one:
@@ -261,19 +257,21 @@ mod tests {
         format!("{:#}", Config::parse(text).unwrap_err())
     }
 
-    /// A role needs a key of 16 bytes or more, and the upstream point its peer; errors name the
-    /// line. Both points compute the same shape from the same settings.
+    /// A role needs a key file (a key in the configuration is refused, saying where it goes),
+    /// and the upstream point its peer; errors name the line. Both points compute the same
+    /// shape from the same settings.
     #[test]
-    fn a_role_needs_a_key_and_upstream_its_peer() {
-        let e = err("[segment]\nrole = \"down\"\nkey = \"short\"\n");
-        assert!(e.starts_with("line 3: segment.key") && e.contains("16 bytes"), "{e}");
-        let e = err("[segment]\nkey = \"sixteen bytes at least\"\nrole = \"up\"\n");
+    fn a_role_needs_a_key_file_and_upstream_its_peer() {
+        let e = err("[segment]\nrole = \"down\"\n");
+        assert!(e.starts_with("line 2: segment.key_file is not set") && e.contains("keygen"), "{e}");
+        let e = err("[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\n");
+        assert!(e.starts_with("line 3: segment.key is not read") && e.contains("key_file"), "{e}");
+        let e = err("[segment]\nkey_file = \"k\"\nrole = \"up\"\n");
         assert!(e.starts_with("line 3:") && e.contains("segment.peer"), "{e}");
-        let e = err("[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\nlda_rows = 7\n");
+        let e = err("[segment]\nrole = \"down\"\nkey_file = \"k\"\nlda_rows = 7\n");
         assert!(e.starts_with("line 4: segment.lda_rows = 7"), "{e}");
-        let down = Config::parse("[segment]\nrole = \"down\"\nkey = \"sixteen bytes at least\"\n").unwrap();
-        let up =
-            Config::parse("[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey = \"another key, as long\"\n").unwrap();
+        let down = Config::parse("[segment]\nrole = \"down\"\nkey_file = \"k\"\n").unwrap();
+        let up = Config::parse("[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey_file = \"/k\"\n").unwrap();
         assert_eq!(down.segment.shape(), up.segment.shape());
         assert_eq!(Config::default().segment.shape().interval_ns, 0);
     }

@@ -2,8 +2,10 @@
 //! RDA estimators, pure functions of the two points' banks (`pirate_common::segment` holds what
 //! each point records per packet), and the synthetic traces the benchmarks run on.
 
+pub mod channel;
 pub mod clock;
 pub mod config;
+pub mod key;
 pub mod lda;
 pub mod live;
 pub mod metrics;

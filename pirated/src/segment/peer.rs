@@ -1,12 +1,11 @@
 //! The TCP link between the two points: the upstream point connects (and reconnects, every
 //! second while the downstream one is away), the downstream point listens. A connection first
-//! goes through a handshake (a Hello each way under the pre-shared key, then a Ready each way
-//! under the connection's session key), and only one that completes it replaces the current
-//! connection: a stranger, a wrong key or a recorded connection played again is refused without
-//! disturbing the measurement. After it, the link carries messages both ways, each checked
-//! against replay: an interval already seen for its kind, or more than a few intervals from this
-//! point's clock, is refused. A refused message drops the connection (logged, counted); nothing
-//! a peer sends can stop the daemon.
+//! goes through the secure channel's handshake ([`super::channel`]), the Hellos inside it, and
+//! only one that completes it replaces the current connection: a stranger, a wrong key or a
+//! recorded connection played again is refused without disturbing the measurement. After it,
+//! the link carries messages both ways, in a channel that refuses any message not sent in it,
+//! in order; each kind must also move on to newer intervals near this point's clock. A refused
+//! message drops the connection (logged, counted); nothing a peer sends can stop the daemon.
 
 use std::{
     collections::HashMap,
@@ -31,8 +30,10 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
+    channel::{self, Initiator, Opener, Sealer},
     clock,
-    wire::{self, Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
+    key::Psk,
+    wire::{Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
 };
 use crate::limit::Held;
 
@@ -67,7 +68,7 @@ pub struct Link {
 /// What a connection needs besides its stream.
 #[derive(Clone)]
 struct Session {
-    key: Arc<Vec<u8>>,
+    key: Arc<Psk>,
     shape: SegmentShape,
     upstream: bool,
     incoming: mpsc::Sender<Message>,
@@ -81,8 +82,7 @@ struct Session {
 type RefusalLog = HashMap<&'static str, (Option<Instant>, u64)>;
 
 /// Why a peer may be refused: each a `reason` label of the metrics.
-pub const REASONS: [&str; 9] =
-    ["malformed", "authentication", "version", "role", "shape", "stale", "io", "busy", "silent"];
+pub const REASONS: [&str; 8] = ["malformed", "authentication", "version", "shape", "stale", "io", "busy", "silent"];
 
 /// Refusals by reason since the metrics last took them: counters, so that a flood of strangers
 /// costs no memory.
@@ -101,17 +101,18 @@ impl Refusals {
     }
 }
 
-/// A connection past its handshake, with its session key.
+/// A connection past its handshake, with its channel's halves.
 struct Established {
     reader: OwnedReadHalf,
     writer: OwnedWriteHalf,
     peer: String,
-    key: [u8; 32],
+    sealer: Sealer,
+    opener: Opener,
 }
 
 impl Link {
     /// The upstream point's link: connects to `peer` (host:port) and stays connected.
-    pub fn connect(peer: String, key: Vec<u8>, shape: SegmentShape) -> Link {
+    pub fn connect(peer: String, key: Psk, shape: SegmentShape) -> Link {
         let (link, session, mut outgoing) = Link::new(key, shape, true);
         tokio::spawn(async move {
             let mut failing = false;
@@ -138,7 +139,7 @@ impl Link {
 
     /// The downstream point's link: serves the upstream point on `listener`. Each connection's
     /// handshake runs on its own; the newest connection to complete one replaces the current.
-    pub fn listen(listener: TcpListener, key: Vec<u8>, shape: SegmentShape) -> Link {
+    pub fn listen(listener: TcpListener, key: Psk, shape: SegmentShape) -> Link {
         let (link, session, outgoing) = Link::new(key, shape, false);
         let outgoing = Arc::new(Mutex::new(outgoing));
         tokio::spawn(async move {
@@ -194,7 +195,7 @@ impl Link {
         (end(up_incoming, to_down), end(down_incoming, to_up))
     }
 
-    fn new(key: Vec<u8>, shape: SegmentShape, upstream: bool) -> (Link, Session, mpsc::Receiver<Message>) {
+    fn new(key: Psk, shape: SegmentShape, upstream: bool) -> (Link, Session, mpsc::Receiver<Message>) {
         let (incoming_tx, incoming) = mpsc::channel(QUEUE);
         let (outgoing, outgoing_rx) = mpsc::channel(QUEUE);
         let refusals = Arc::new(Refusals::default());
@@ -213,8 +214,9 @@ impl Link {
 }
 
 impl Session {
-    /// Hellos, then Readys under the session key: the connection established, or refused
-    /// (logged and counted) and dropped.
+    /// The channel's handshake and the Hellos in it: the connection established, or refused
+    /// (logged and counted) and dropped. The downstream point sends nothing before the
+    /// upstream point's first message verifies.
     async fn handshake(&self, stream: TcpStream, peer: String) -> Option<Established> {
         let _ = stream.set_nodelay(true);
         // A peer that vanishes without a word (unplugged, its host down) is found out by TCP:
@@ -230,26 +232,36 @@ impl Session {
             debug!(%peer, "segment: TCP keepalive: {e}");
         }
         let (mut reader, mut writer) = stream.into_split();
+        let hello = Message::Hello { shape: self.shape, interval: self.shape.interval(clock::now()) };
         let steps = async {
-            let ours = wire::nonce().map_err(|e| Refusal::io(format!("drawing a nonce: {e}")))?;
-            let interval = self.shape.interval(clock::now());
-            let hello = Message::Hello { up: self.upstream, shape: self.shape, interval, nonce: ours };
-            send(&mut writer, &hello.encode(&self.key)).await?;
-            let theirs = self.check_hello(Message::read(&mut reader, &self.key, HELLO_BODY).await?)?;
-            let (up, down) = if self.upstream { (&ours, &theirs) } else { (&theirs, &ours) };
-            let key = wire::session_key(&self.key, up, down);
-            send(&mut writer, &Message::Ready { interval }.encode(&key)).await?;
-            match Message::read(&mut reader, &key, 0).await? {
-                Message::Ready { interval } => self.fresh(interval)?,
-                _ => return Err(Refusal::new("malformed", "the message after the hello was not a ready".into())),
+            let (mut sealer, opener) = match self.upstream {
+                true => {
+                    let (initiator, first) = Initiator::start(&self.key)?;
+                    send(&mut writer, &first).await?;
+                    let answer = channel::read_noise(&mut reader).await.map_err(|e| closed_in_handshake(e, &peer))?;
+                    let (theirs, sealer, opener) = initiator.finish(&answer)?;
+                    self.check_hello(theirs)?;
+                    (sealer, opener)
+                }
+                false => {
+                    let first = channel::read_first(&mut reader).await?;
+                    let (answer, sealer, mut opener) = channel::respond(&self.key, &first, &hello)?;
+                    send(&mut writer, &answer).await?;
+                    // Only this proves the peer holds the key now: a first message can be a recording.
+                    self.check_hello(opener.read(&mut reader, HELLO_BODY).await?)?;
+                    (sealer, opener)
+                }
+            };
+            if self.upstream {
+                send(&mut writer, &sealer.seal(&hello)).await?;
             }
-            Ok(key)
+            Ok::<_, Refusal>((sealer, opener))
         };
         let outcome = tokio::time::timeout(HANDSHAKE_WITHIN, steps)
             .await
             .unwrap_or_else(|_| Err(Refusal::new("malformed", format!("no handshake within {HANDSHAKE_WITHIN:?}"))));
         match outcome {
-            Ok(key) => Some(Established { reader, writer, peer, key }),
+            Ok((sealer, opener)) => Some(Established { reader, writer, peer, sealer, opener }),
             Err(refusal) => {
                 self.refuse(&peer, refusal);
                 None
@@ -264,13 +276,13 @@ impl Session {
         self.up.store(true, Ordering::Relaxed);
         // Stale messages queued while no peer was there are of no use to this one.
         while outgoing.try_recv().is_ok() {}
-        let Established { mut reader, mut writer, peer, key } = c;
+        let Established { mut reader, mut writer, peer, mut sealer, mut opener } = c;
         let silence = Duration::from_nanos(self.shape.interval_ns.saturating_mul(SILENT_INTERVALS));
         let reading = async {
             let mut last = [0u64; KINDS + 1];
             let mut deadline = Instant::now() + silence;
             loop {
-                let read = Message::read(&mut reader, &key, MAX_BODY);
+                let read = opener.read(&mut reader, MAX_BODY);
                 let m = match self.upstream {
                     true => read.await,
                     false => tokio::time::timeout_at(deadline, read).await.unwrap_or_else(|_| {
@@ -288,7 +300,7 @@ impl Session {
         };
         let writing = async {
             while let Some(out) = outgoing.recv().await {
-                if let Err(e) = writer.write_all(&out.encode(&key)).await {
+                if let Err(e) = writer.write_all(&sealer.seal(&out)).await {
                     warn!(%peer, "segment: sending to the peer: {e}");
                     break;
                 }
@@ -305,29 +317,24 @@ impl Session {
         self.up.store(false, Ordering::Relaxed);
     }
 
-    /// The peer's nonce, if its Hello is one this point can measure with.
-    fn check_hello(&self, m: Message) -> Result<[u8; wire::NONCE], Refusal> {
-        let Message::Hello { up, shape, interval, nonce } = m else {
+    /// Whether the peer's Hello is one this point can measure with.
+    fn check_hello(&self, m: Message) -> Result<(), Refusal> {
+        let Message::Hello { shape, interval } = m else {
             return Err(Refusal::new("malformed", "the first message was not a hello".into()));
         };
-        if up == self.upstream {
-            let role = if up { "upstream" } else { "downstream" };
-            return Err(Refusal::new("role", format!("the peer is {role} too: one point must be up, the other down")));
-        }
         if shape != self.shape {
             return Err(Refusal::new(
                 "shape",
                 format!("the peer's segment settings differ (peer {shape:?}, here {:?}): both points need the same interval, lda_*, rda_*, packets and sample_zeros", self.shape),
             ));
         }
-        self.fresh(interval)?;
-        Ok(nonce)
+        self.fresh(interval)
     }
 
     /// Refuses a message of an interval already seen for its kind, or far from now, and a record
     /// whose banks are not of the agreed shape (the reconciliation indexes them by it).
     fn check(&self, last: &mut [u64; KINDS + 1], m: Message) -> Result<Message, Refusal> {
-        if let Message::Hello { .. } | Message::Ready { .. } = m {
+        if let Message::Hello { .. } = m {
             return Err(Refusal::new("malformed", "a second handshake".into()));
         }
         if let Message::Record(r) = &m {
@@ -386,8 +393,17 @@ impl Session {
     }
 }
 
-async fn send(writer: &mut OwnedWriteHalf, frame: &[u8]) -> Result<(), Refusal> {
-    writer.write_all(frame).await.map_err(|e| Refusal::io(format!("sending: {e}")))
+async fn send(writer: &mut OwnedWriteHalf, bytes: &[u8]) -> Result<(), Refusal> {
+    writer.write_all(bytes).await.map_err(|e| Refusal::io(format!("sending: {e}")))
+}
+
+/// The downstream point closing the connection before it answers is how it refuses: say what
+/// it likely refused.
+fn closed_in_handshake(e: Refusal, peer: &str) -> Refusal {
+    Refusal::io(format!(
+        "{peer} closed the connection without answering the handshake ({e}): another key or protocol version, \
+         or not a pirated; its log says which"
+    ))
 }
 
 #[cfg(test)]
@@ -397,7 +413,10 @@ mod tests {
     use super::*;
     use crate::segment::wire::Record;
 
-    const KEY: &[u8] = b"sixteen bytes at least";
+    /// The key both points share in these tests.
+    fn key() -> Psk {
+        Psk::new(*b"the points' key, 32 bytes long..")
+    }
 
     /// Both points' shape, with intervals of `interval_ms`.
     fn shape(interval_ms: u64) -> SegmentShape {
@@ -414,7 +433,7 @@ mod tests {
     async fn downstream(shape: SegmentShape) -> (Link, std::net::SocketAddr) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        (Link::listen(listener, KEY.to_vec(), shape), addr)
+        (Link::listen(listener, key(), shape), addr)
     }
 
     /// Whether `up` reads `want` within `within`.
@@ -444,16 +463,16 @@ mod tests {
         }
         let mut closed = 0;
         for s in &mut strangers {
-            // D's Hello may come first; closed is the end of what it sends.
             let mut said = Vec::new();
             let read =
                 tokio::time::timeout(Duration::from_millis(500), tokio::io::AsyncReadExt::read_to_end(s, &mut said));
             closed += usize::from(read.await.is_ok());
+            assert!(said.is_empty(), "the downstream point said {said:?} to a stranger");
         }
         assert_eq!(closed, 40 - MAX_HANDSHAKES_PER_SOURCE, "strangers closed at once");
         let busy: u64 = down.refusals.take().filter(|(r, _)| *r == "busy").map(|(_, n)| n).sum();
         assert_eq!(busy as usize, 40 - MAX_HANDSHAKES_PER_SOURCE);
-        let _up = Link::connect(addr.to_string(), KEY.to_vec(), shape(1000));
+        let _up = Link::connect(addr.to_string(), key(), shape(1000));
         assert!(becomes(&down.up, true, Duration::from_secs(3)).await, "the upstream point never got in");
     }
 
@@ -462,7 +481,7 @@ mod tests {
     #[tokio::test]
     async fn a_silent_upstream_is_dropped() {
         let (down, addr) = downstream(shape(100)).await;
-        let _up = Link::connect(addr.to_string(), KEY.to_vec(), shape(100));
+        let _up = Link::connect(addr.to_string(), key(), shape(100));
         assert!(becomes(&down.up, true, Duration::from_secs(3)).await, "the upstream point never got in");
         let since = Instant::now();
         assert!(becomes(&down.up, false, Duration::from_secs(2)).await, "a silent peer stayed up");
@@ -475,7 +494,7 @@ mod tests {
     #[test]
     fn a_record_of_another_shape_is_refused() {
         let shape = shape(1000);
-        let (_link, session, _out) = Link::new(KEY.to_vec(), shape, false);
+        let (_link, session, _out) = Link::new(key(), shape, false);
         let interval = shape.interval(clock::now());
         let record = |lda: usize, rda: usize| {
             let rda = vec![Default::default(); rda];
@@ -488,5 +507,107 @@ mod tests {
             assert_eq!(refused.reason, "shape", "{lda} cells, {rda} buckets: {refused}");
         }
         session.check(&mut [0; KINDS + 1], record(cells, buckets)).unwrap();
+    }
+
+    /// Bytes `from` sends until it closes, or until `within` has passed.
+    async fn heard(from: &mut TcpStream, within: Duration) -> Vec<u8> {
+        let mut said = Vec::new();
+        let _ = tokio::time::timeout(within, tokio::io::AsyncReadExt::read_to_end(from, &mut said)).await;
+        said
+    }
+
+    /// An upstream point that connects to one in the middle, its connection there, and what it
+    /// sent first (the preamble and the handshake's first message).
+    async fn intercepted(shape: SegmentShape) -> (Link, TcpStream, Vec<u8>) {
+        let middle = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = Link::connect(middle.local_addr().unwrap().to_string(), key(), shape);
+        let (mut from_up, _) = middle.accept().await.unwrap();
+        let mut first = vec![0u8; channel::PREAMBLE.len() + 2 + channel::FIRST];
+        tokio::io::AsyncReadExt::read_exact(&mut from_up, &mut first).await.unwrap();
+        (up, from_up, first)
+    }
+
+    /// A Noise message behind its length, as the wire carries it.
+    fn framed(noise: &[u8]) -> Vec<u8> {
+        [&(noise.len() as u16).to_le_bytes()[..], noise].concat()
+    }
+
+    /// How many refusals of `reason` a link counted since the last call.
+    fn refused(link: &Link, reason: &str) -> u64 {
+        link.refusals.take().filter(|(r, _)| *r == reason).map(|(_, n)| n).sum()
+    }
+
+    /// An upstream point with another key gets no link, and the downstream point says not a
+    /// byte to it: neither a stranger nor an eavesdropper has anything of D's to test guessed
+    /// keys against.
+    #[tokio::test]
+    async fn another_key_gets_no_link_and_not_a_byte() {
+        let (down, addr) = downstream(shape(1000)).await;
+        let up = Link::connect(addr.to_string(), Psk::generate().unwrap(), shape(1000));
+        assert!(!becomes(&down.up, true, Duration::from_millis(1500)).await, "a wrong key got in");
+        assert!(!up.up.load(Ordering::Relaxed));
+        assert!(refused(&down, "authentication") >= 1);
+        let mut stranger = TcpStream::connect(addr).await.unwrap();
+        let (_, first) = Initiator::start(&Psk::generate().unwrap()).unwrap();
+        stranger.write_all(&first).await.unwrap();
+        assert_eq!(heard(&mut stranger, Duration::from_secs(2)).await, Vec::<u8>::new());
+    }
+
+    /// The bytes an upstream point sent in a real connection, played again to the downstream
+    /// point, get its answer but no link: the Hello after it was sealed for the first
+    /// connection's keys.
+    #[tokio::test]
+    async fn a_recorded_connection_played_again_gets_no_link() {
+        let (down, addr) = downstream(shape(100)).await;
+        // One in the middle relays the connection and records what the upstream point sends.
+        let (_up, mut from_up, mut recorded) = intercepted(shape(100)).await;
+        let mut to_down = TcpStream::connect(addr).await.unwrap();
+        to_down.write_all(&recorded).await.unwrap();
+        from_up.write_all(&framed(&channel::read_noise(&mut to_down).await.unwrap())).await.unwrap();
+        let hello = framed(&channel::read_noise(&mut from_up).await.unwrap());
+        to_down.write_all(&hello).await.unwrap();
+        recorded.extend_from_slice(&hello);
+        assert!(becomes(&down.up, true, Duration::from_secs(2)).await, "the relayed connection got no link");
+        drop((from_up, to_down));
+        assert!(becomes(&down.up, false, Duration::from_secs(2)).await);
+        refused(&down, "io");
+        let mut replay = TcpStream::connect(addr).await.unwrap();
+        replay.write_all(&recorded).await.unwrap();
+        let answered = heard(&mut replay, Duration::from_secs(2)).await;
+        assert!(!answered.is_empty(), "the downstream point answers a first message that verifies");
+        assert!(!becomes(&down.up, true, Duration::from_millis(500)).await, "a replayed connection got in");
+        assert_eq!(refused(&down, "authentication"), 1);
+    }
+
+    /// Each point's own messages sent back to it (by one between the points, without the key)
+    /// are refused: the upstream point's first message as the downstream point's answer, the
+    /// downstream point's answer as the upstream point's Hello.
+    #[tokio::test]
+    async fn messages_reflected_to_their_sender_are_refused() {
+        let (down, addr) = downstream(shape(1000)).await;
+        let (up, mut from_up, first) = intercepted(shape(1000)).await;
+        from_up.write_all(&first[channel::PREAMBLE.len()..]).await.unwrap();
+        let mut to_down = TcpStream::connect(addr).await.unwrap();
+        to_down.write_all(&first).await.unwrap();
+        let answer = framed(&channel::read_noise(&mut to_down).await.unwrap());
+        to_down.write_all(&answer).await.unwrap();
+        assert_eq!(heard(&mut from_up, Duration::from_secs(2)).await, Vec::<u8>::new(), "U went on");
+        assert!(heard(&mut to_down, Duration::from_secs(2)).await.is_empty());
+        assert_eq!((refused(&up, "authentication"), refused(&down, "authentication")), (1, 1));
+        assert!(!up.up.load(Ordering::Relaxed) && !down.up.load(Ordering::Relaxed));
+    }
+
+    /// A fake downstream point (without the key) that answers the upstream point's first
+    /// message is refused: the upstream point sends it nothing more, no record.
+    #[tokio::test]
+    async fn a_fake_downstream_gets_nothing() {
+        let (up, mut from_up, _) = intercepted(shape(1000)).await;
+        // An ephemeral key and a payload's worth of bytes, as a downstream point's answer has.
+        let (_, guess) = Initiator::start(&Psk::generate().unwrap()).unwrap();
+        from_up.write_all(&framed(&[&guess[channel::PREAMBLE.len() + 2..], &[7; 32][..]].concat())).await.unwrap();
+        up.outgoing.send(Message::Request { interval: 1, ids: vec![1] }).await.unwrap();
+        assert_eq!(heard(&mut from_up, Duration::from_secs(2)).await, Vec::<u8>::new());
+        assert_eq!(refused(&up, "authentication"), 1);
+        assert!(!up.up.load(Ordering::Relaxed));
     }
 }

@@ -59,10 +59,15 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
     cargo install --locked "cargo-fuzz@$CARGO_FUZZ_VERSION"
 fi
 
-# bpffs is where pirated pins its maps; a fresh machine does not mount it.
+# bpffs is where pirated pins its maps; a fresh machine does not mount it. Root's alone (mode
+# 0700, as systemd mounts it): the pins are no one else's to read or replace. The unit shows the
+# service its own directory there (configs/pirated.service).
 if ! mountpoint -q /sys/fs/bpf; then
-    log "mount -t bpf bpf /sys/fs/bpf"
-    mount -t bpf bpf /sys/fs/bpf
+    log "mount -t bpf -o mode=0700 bpf /sys/fs/bpf"
+    mount -t bpf -o mode=0700 bpf /sys/fs/bpf
+elif [ "$(stat -c %a /sys/fs/bpf)" != 700 ]; then
+    log "chmod 0700 /sys/fs/bpf (was $(stat -c %a /sys/fs/bpf))"
+    chmod 0700 /sys/fs/bpf
 fi
 
 log "ok"

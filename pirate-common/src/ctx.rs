@@ -2,7 +2,7 @@
 //! program of the chain reads, and the chain's slot numbers. Programs never parse a frame again:
 //! the verifier keeps nothing across a tail call, so what they share travels in this struct.
 
-use crate::key::FlowKey;
+use crate::key::{FlowId, FlowKey};
 
 /// `CHAIN` slot of `pirate` (inter-packet-gap modes). Capabilities run in slot order.
 pub const CHAIN_PIRATE: u32 = 0;
@@ -27,9 +27,11 @@ pub const PARSED: u8 = 0;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PacketCtx {
     pub key: FlowKey,
+    /// [`FlowId::of`] `key`, under the datapath's seed: what the flow tables are keyed by.
+    pub id: FlowId,
     /// Arrival, on the datapath's monotonic clock (`bpf_ktime_get_ns`; the capture's in replay).
     pub ts_ns: u64,
-    /// [`FlowKey::flow_hash`](crate::key::FlowKey::flow_hash) of `key`.
+    /// [`FlowKey::flow_hash`] of `key`, under the datapath's seed.
     pub hash: u32,
     /// TCP sequence and acknowledgement numbers (0 for UDP).
     pub seq: u32,
@@ -55,7 +57,7 @@ pub struct PacketCtx {
     pub _pad: [u8; 3],
 }
 
-const _: () = assert!(size_of::<PacketCtx>() == 80);
+const _: () = assert!(size_of::<PacketCtx>() == 96);
 
 // SAFETY: plain data, no padding (the size assertion above).
 #[cfg(feature = "user")]

@@ -4,7 +4,10 @@
 //! segment's (SplitMix64, and the reduction to a range without a division), and the digest of an
 //! IPv6 flow's addresses. A leaf: `key` reads its words through these.
 
-/// The flow hash's seed ("PIRATED!").
+/// The flow seed where nothing draws one: replay and the tests ("PIRATED!"). The datapath
+/// draws its own when it creates its maps (`maps::SEED`) and keeps it with them across
+/// restarts, so that traffic cannot choose flows that share a set of the flow table, a Maglev
+/// pick or an IPv6 digest: it does not know the hash.
 pub const FLOW_SEED: u64 = 0x5049_5241_5445_4421;
 
 /// A 32-bit hash of `words` from `seed`: each word multiplied in, the high bits folded down.
@@ -21,13 +24,13 @@ fn mix(h: u64, w: &u64) -> u64 {
     h ^ (h >> 29)
 }
 
-/// An 80-bit digest of `words` (64 bits, then 16 more): two independent 64-bit mixes. A flow id
-/// keeps it of an IPv6 flow's four address words.
+/// An 80-bit digest of `words` under `seed` (64 bits, then 16 more): two independent 64-bit
+/// mixes. A flow id keeps it of an IPv6 flow's four address words.
 #[inline(always)]
-pub fn digest(words: &[u64]) -> (u64, u16) {
-    let a = words.iter().fold(0x5049_5241_5445_4436, mix);
+pub fn digest(seed: u64, words: &[u64]) -> (u64, u16) {
+    let a = words.iter().fold(0x5049_5241_5445_4436 ^ seed, mix);
     // The 16 more bits from a mix of their own (other constant, other shift).
-    let b = words.iter().fold(0x7631_7265_7365_7276u64, |b, w| {
+    let b = words.iter().fold(0x7631_7265_7365_7276 ^ seed.rotate_left(32), |b, w| {
         let b = (b ^ w).wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
         b ^ (b >> 31)
     });

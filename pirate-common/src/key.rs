@@ -1,7 +1,7 @@
 //! The flow key every capability shares (the root writes it into the packet context and the
 //! flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
 
-use crate::hash::{digest, words_hash, FLOW_SEED};
+use crate::hash::{digest, words_hash};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -39,11 +39,11 @@ impl FlowKey {
         unsafe { &*(self as *const FlowKey as *const [u64; 5]) }
     }
 
-    /// A 32-bit hash of the whole key: what the root writes into every packet's context. Five
-    /// multiplies: the root computes it for every packet.
+    /// A 32-bit hash of the whole key under `seed`: what the root writes into every packet's
+    /// context. Five multiplies: the root computes it for every packet.
     #[inline(always)]
-    pub fn flow_hash(&self) -> u32 {
-        words_hash(FLOW_SEED, self.words())
+    pub fn flow_hash(&self, seed: u64) -> u32 {
+        words_hash(seed, self.words())
     }
 }
 
@@ -69,8 +69,9 @@ pub struct FlowId {
 const _: () = assert!(size_of::<FlowId>() == 16);
 
 impl FlowId {
+    /// The id of `key`, an IPv6 key's digest under `seed`.
     #[inline(always)]
-    pub fn of(key: &FlowKey) -> FlowId {
+    pub fn of(key: &FlowKey, seed: u64) -> FlowId {
         let mut id = FlowId {
             addrs: [0; 8],
             sport: key.sport,
@@ -80,7 +81,7 @@ impl FlowId {
             digest_hi: 0,
         };
         if key.family == FAMILY_V6 {
-            let (lo, hi) = digest(&key.words()[..4]);
+            let (lo, hi) = digest(seed, &key.words()[..4]);
             id.addrs = lo.to_le_bytes();
             id.digest_hi = hi;
         } else {
@@ -122,6 +123,7 @@ unsafe impl aya::Pod for FlowId {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::FLOW_SEED;
 
     /// Keys that differ in one field only hash apart, and the hash spreads them evenly over
     /// buckets (what fridges and Maglev lookups rely on).
@@ -133,7 +135,7 @@ mod tests {
         for i in 0..KEYS {
             let mut key = FlowKey { sport: (i & 0xffff) as u16, dport: 80, proto: 6, family: 4, ..FlowKey::default() };
             key.src[..4].copy_from_slice(&[10, 0, (i >> 16) as u8, 1]);
-            per_bucket[key.flow_hash() as usize % BUCKETS] += 1;
+            per_bucket[key.flow_hash(FLOW_SEED) as usize % BUCKETS] += 1;
         }
         let expected = KEYS / BUCKETS as u32;
         // Binomial std-dev is sqrt(1024 · 63/64) ≈ 32: 5 σ either side.
@@ -153,15 +155,28 @@ mod tests {
     /// An IPv4 id is its key; IPv6 ids keep ports and protocol and tell addresses apart.
     #[test]
     fn ids_keep_v4_keys_and_tell_v6_addresses_apart() {
+        let id = |key: &FlowKey| FlowId::of(key, FLOW_SEED);
         let v4 = key(FAMILY_V4, 10, 5000);
-        assert_eq!(FlowId::of(&v4).v4_key(), Some(v4));
-        let (a, b) = (FlowId::of(&key(FAMILY_V6, 1, 5000)), FlowId::of(&key(FAMILY_V6, 2, 5000)));
+        assert_eq!(id(&v4).v4_key(), Some(v4));
+        let (a, b) = (id(&key(FAMILY_V6, 1, 5000)), id(&key(FAMILY_V6, 2, 5000)));
         assert_eq!((a.sport, a.dport, a.proto, a.family), (5000, 443, 6, FAMILY_V6));
         assert_ne!(a, b);
-        assert_ne!(a.words(), FlowId::of(&key(FAMILY_V6, 1, 5001)).words());
+        assert_ne!(a.words(), id(&key(FAMILY_V6, 1, 5001)).words());
         assert_eq!(a.v4_key(), None);
         let mut flipped = key(FAMILY_V6, 1, 5000);
         flipped.dst[15] ^= 1;
-        assert_ne!(FlowId::of(&flipped), a, "one address bit moves the digest");
+        assert_ne!(id(&flipped), a, "one address bit moves the digest");
+    }
+
+    /// Another seed moves every hash and every IPv6 digest: which flows share a set, a Maglev
+    /// pick or a digest is not known to whoever does not know the seed.
+    #[test]
+    fn another_seed_moves_hashes_and_digests() {
+        let (v4, v6) = (key(FAMILY_V4, 10, 5000), key(FAMILY_V6, 1, 5000));
+        assert_ne!(v4.flow_hash(FLOW_SEED), v4.flow_hash(FLOW_SEED + 1));
+        assert_ne!(v6.flow_hash(FLOW_SEED), v6.flow_hash(1 << 40));
+        assert_ne!(FlowId::of(&v6, FLOW_SEED).words(), FlowId::of(&v6, 1 << 40).words());
+        assert_ne!(FlowId::of(&v6, FLOW_SEED).digest_hi, FlowId::of(&v6, 1 << 40).digest_hi);
+        assert_eq!(FlowId::of(&v4, FLOW_SEED), FlowId::of(&v4, 1 << 40), "an IPv4 id is its key");
     }
 }

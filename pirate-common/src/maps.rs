@@ -4,10 +4,12 @@
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
+/// The flow seed (`u64`, `hash::FLOW_SEED` says why) pirated draws when it creates the maps.
+pub const SEED: &str = "SEED";
 /// The current epoch (`u32`), advanced by pirated.
 pub const EPOCH: &str = "EPOCH";
 /// Per-CPU packet outcomes and events (`counters`).
@@ -69,8 +71,9 @@ pub const SEGMENT_RDA: &str = "SEGMENT_RDA";
 /// The packets the RDA took (`segment::CacheEntry`), to pirated's packet cache.
 pub const SEGMENT_CACHE: &str = "SEGMENT_CACHE";
 
-pub const ALL: [&str; 27] = [
+pub const ALL: [&str; 28] = [
     CONFIG,
+    SEED,
     EPOCH,
     COUNTERS,
     CTX,

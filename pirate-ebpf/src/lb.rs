@@ -12,7 +12,6 @@ use aya_ebpf::{
 use pirate_common::{
     counters,
     ctx::{PacketCtx, PARSED},
-    key::FlowId,
     lb::{ipip_header, ring_index, LbShape, VipKey, EGRESS_KERNEL, IPIP_HEADER},
     parse::Frame,
 };
@@ -52,7 +51,7 @@ fn send(ctx: &XdpContext, pkt: &PacketCtx, vip: u32) -> Option<u32> {
     if pkt.l3_off as usize != ETH_HEADER || shape.ring_size == 0 {
         return None;
     }
-    let id = FlowId::of(&pkt.key);
+    let id = pkt.id;
     // SAFETY: a u32 copied out at once.
     let (real, new) = match unsafe { LB_CONNS.get(&id) } {
         Some(&real) => (real, false),

@@ -25,6 +25,9 @@ use pirate_common::{
 /// Written once by pirated before attaching.
 #[map]
 pub static CONFIG: Array<Params> = Array::pinned(1, 0);
+/// The flow seed pirated drew when it created the maps (`pirate_common::hash::FLOW_SEED`).
+#[map]
+pub static SEED: Array<u64> = Array::pinned(1, 0);
 /// The current epoch; pirated advances it, the datapath tags flow state with it.
 #[map]
 pub static EPOCH: Array<u32> = Array::pinned(1, 0);

@@ -78,7 +78,7 @@ fn find<const M: usize>(flows: &Array<Set<M>>) -> Option<Found<'static, M>> {
     // SAFETY: per-CPU context, written by the root for this packet.
     let pkt = unsafe { &mut *pkt };
     let (a, b) = sets_of(pkt.hash, params.table_sets);
-    let id = FlowId::of(&pkt.key);
+    let id = pkt.id;
     // Indices, not references, out of the choice: see `set`.
     let mut at = (a, b, set(flows, a)?.find(&id));
     if at.2 >= WAYS {

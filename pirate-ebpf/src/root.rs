@@ -6,12 +6,14 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
 use pirate_common::{
     counters,
     ctx::PARSED,
+    hash::FLOW_SEED,
+    key::FlowId,
     parse::{parse, Frame, Reject},
 };
 
 use crate::{
     chain,
-    maps::{count, CTX},
+    maps::{count, CTX, SEED},
 };
 
 /// The frame, as the parser (and `pirate_lb`) reads it.
@@ -40,7 +42,9 @@ pub fn pirate_root(ctx: XdpContext) -> u32 {
     pkt.ts_ns = unsafe { bpf_ktime_get_ns() };
     match parsed {
         Ok(()) => {
-            pkt.hash = pkt.key.flow_hash();
+            let seed = SEED.get(0).copied().unwrap_or(FLOW_SEED);
+            pkt.hash = pkt.key.flow_hash(seed);
+            pkt.id = FlowId::of(&pkt.key, seed);
             pkt.outcome = PARSED;
             chain::from(&ctx, 0)
         }

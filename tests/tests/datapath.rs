@@ -11,7 +11,13 @@ use std::{
 };
 
 use anyhow::{ensure, Context, Result};
-use pirate_common::pirate::table::{sets_for, WAYS};
+use pirate_common::{
+    ctx::PacketCtx,
+    hash::FLOW_SEED,
+    key::FlowKey,
+    parse::parse,
+    pirate::table::{sets_for, sets_of, WAYS},
+};
 use pirate_tests::testbed::{
     batch_weighted_mean, workspace_binary, By, Of, OnePoint, PinRoot, Pirated, CLIENT_IP, SERVER_IP, VP_CLIENT_IF,
 };
@@ -228,6 +234,62 @@ fn a_full_flow_table_evicts_and_passes() -> Result<()> {
     Ok(())
 }
 
+/// The key the datapath parses from a UDP datagram from the client's port `sport` to the
+/// server's port `dport`.
+fn udp_key(sport: u16, dport: u16) -> Result<FlowKey> {
+    let addr = |ip: &str| ip.parse::<std::net::Ipv4Addr>().map(|a| a.octets());
+    let mut frame = vec![0u8; 12];
+    frame.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 29, 0, 1, 0x40, 0, 64, 17, 0, 0]);
+    frame.extend_from_slice(&addr(CLIENT_IP)?);
+    frame.extend_from_slice(&addr(SERVER_IP)?);
+    for word in [sport, dport, 9, 0] {
+        frame.extend_from_slice(&word.to_be_bytes());
+    }
+    frame.push(b'x');
+    let mut pkt = PacketCtx::default();
+    parse(&frame[..], &mut pkt).map_err(|e| anyhow::anyhow!("the datagram does not parse: {e:?}"))?;
+    Ok(pkt.key)
+}
+
+/// Flows crafted to share one pair of the flow table's sets under the published seed (what one
+/// who read the source would aim with) spread over the table as any others do: the datapath
+/// draws a seed of its own. (With the published seed, 48 such flows had the 16 ways of their
+/// two sets between them, and evicted each other.)
+#[test]
+fn flows_aimed_at_one_set_with_the_published_seed_spread_out() -> Result<()> {
+    const AIMED: usize = 48;
+    let tb = OnePoint::new()?;
+    let received = udp_sink(&tb, 9004)?;
+    let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "epoch = \"200ms\"\nmax_flows = 64\n")?;
+    let sets = sets_for(64);
+    let pair = |port: u16| -> Result<(u32, u32)> { Ok(sets_of(udp_key(port, 9004)?.flow_hash(FLOW_SEED), sets)) };
+    let target = pair(20000)?;
+    let mut ports = Vec::new();
+    for port in 20000..=u16::MAX {
+        let (a, b) = pair(port)?;
+        if (a, b) == target || (b, a) == target {
+            ports.push(port);
+        }
+        if ports.len() == AIMED {
+            break;
+        }
+    }
+    ensure!(ports.len() == AIMED, "only {} ports aim at sets {target:?} of {sets}", ports.len());
+    for &port in &ports {
+        let sock = tb.client.run_in(|| UdpSocket::bind((CLIENT_IP, port)))??;
+        sock.send_to(b"x", (SERVER_IP, 9004))?;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let metrics = pirated.metrics(&tb.vp)?;
+    pirated.stop()?;
+    assert_eq!(received.load(Ordering::Relaxed), AIMED as u64, "every datagram reaches the server");
+    let (tracked, evicted) =
+        (metric(&metrics, "pirated_flows_tracked"), metric(&metrics, "pirated_flows_evicted_total"));
+    eprintln!("{AIMED} flows aimed at 2 of {sets} sets: {tracked} tracked, {evicted} evicted");
+    assert!(tracked as usize > 2 * WAYS + AIMED / 2, "{tracked} of {AIMED} aimed flows tracked: they hit their sets");
+    Ok(())
+}
+
 /// The pins of `instance` under `root`, sorted.
 fn pins(root: &std::path::Path, instance: &str) -> Result<Vec<String>> {
     let mut pins: Vec<String> = std::fs::read_dir(root.join(instance))?
@@ -273,6 +335,7 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
         "LB_SHAPE",
         "LB_VIPS",
         "PIRATE_FLOW",
+        "SEED",
         "SEGMENT_LDA",
         "SEGMENT_RDA",
         "SEGMENT_SEEN",

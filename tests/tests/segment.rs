@@ -524,11 +524,11 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
             let other = shape(&up_config.replace("\"1s\"", "\"2s\""))?;
             let says = |bytes: Vec<u8>| move |s: &mut TcpStream| Ok(s.write_all(&bytes)?);
             stranger(&tb.up, says(b"GET /metrics HTTP/1.1\r\nHost: pirated\r\n\r\n".to_vec()))?;
-            stranger(&tb.up, says(Initiator::start(&Psk::generate()?)?.1))?;
+            stranger(&tb.up, says(Initiator::start(&Psk::generate()?, interval_now() as u64)?.1))?;
             stranger(&tb.up, says(handshake))?;
             // With the key, but other settings: refused once the Hellos are in.
             stranger(&tb.up, |s: &mut TcpStream| {
-                let (initiator, first) = Initiator::start(&Psk::read(&twopoint::key_file()?)?)?;
+                let (initiator, first) = Initiator::start(&Psk::read(&twopoint::key_file()?)?, interval_now() as u64)?;
                 s.write_all(&first)?;
                 let mut len = [0u8; 2];
                 s.read_exact(&mut len)?;
@@ -577,7 +577,7 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
     let ([up_stopped, up_started, down_stopped, down_started], refused, strangers_gone) = marks;
     up.stop()?;
     emulator.stop()?;
-    for (reason, count) in [("malformed", 1.0), ("authentication", 2.0), ("shape", 1.0)] {
+    for (reason, count) in [("malformed", 1.0), ("authentication", 1.0), ("stale", 1.0), ("shape", 1.0)] {
         let got = metric(&refused, &format!("pirated_segment_peer_refused_total{{reason=\"{reason}\"}}"));
         assert_eq!(got, count, "refusals for {reason}");
     }

@@ -117,7 +117,7 @@ impl Staged {
 
     /// `argv` run as the unit runs pirated, in `ns`: as the unit's user, with `caps` alone
     /// (inheritable, ambient and bounding) and no new privileges, in a mount namespace where the
-    /// runtime directory is /run/pirated.
+    /// runtime directory is /run/pirated and /sys/fs/bpf holds the pin root alone.
     fn spawn(&self, ns: &Netns, caps: &BTreeSet<String>, argv: &[String]) -> Result<Child> {
         let user = self.setting("User")?;
         let caps: String = std::iter::once("-all".to_owned()).chain(caps.iter().map(|c| format!(",+{c}"))).collect();
@@ -135,9 +135,10 @@ impl Staged {
         .stderr(Stdio::piped());
         let netns = fs::File::open(format!("/run/netns/{}", ns.name()))?;
         let (fd, run_dir, lock_dir) = (netns.as_raw_fd(), cstring(&self.run_dir())?, cstring(Path::new(LOCK_DIR))?);
+        let pins = cstring(&self.pin_root)?;
         // SAFETY: between fork and exec the closure makes system calls alone, on a descriptor
         // `netns` holds open until `spawn` returns and on strings it owns.
-        unsafe { cmd.pre_exec(move || enter(fd, &run_dir, &lock_dir)) };
+        unsafe { cmd.pre_exec(move || enter(fd, &run_dir, &lock_dir, &pins)) };
         cmd.spawn().context("spawning setpriv")
     }
 }
@@ -150,16 +151,43 @@ impl Drop for Staged {
 }
 
 /// In a child about to exec: into the network namespace `netns`, and into a mount namespace of its
-/// own where `run_dir` is bound on `lock_dir`. The rest, /sys/fs/bpf with it, stays the host's.
-fn enter(netns: i32, run_dir: &CString, lock_dir: &CString) -> io::Result<()> {
+/// own where `run_dir` is bound on `lock_dir` and, as the unit's `TemporaryFileSystem=` and
+/// `BindPaths=` make it, /sys/fs/bpf is a tmpfs holding the host's `pins` alone (the host's
+/// bpffs is root's alone, mode 0700). The rest stays the host's.
+fn enter(netns: i32, run_dir: &CString, lock_dir: &CString, pins: &CString) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_long = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_long = 4;
     let ok = |rc: i32| if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
     let null = std::ptr::null::<libc::c_char>();
-    // SAFETY: plain system calls on valid NUL-terminated paths (or none) and an open descriptor.
+    // SAFETY: plain system calls on valid NUL-terminated paths (or none) and open descriptors.
     unsafe {
         ok(libc::setns(netns, libc::CLONE_NEWNET))?;
         ok(libc::unshare(libc::CLONE_NEWNS))?;
         ok(libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
-        ok(libc::mount(run_dir.as_ptr(), lock_dir.as_ptr(), null, libc::MS_BIND, std::ptr::null()))
+        ok(libc::mount(run_dir.as_ptr(), lock_dir.as_ptr(), null, libc::MS_BIND, std::ptr::null()))?;
+        // The pin root, held as a detached copy of its mount while the tmpfs covers its parent.
+        let tree = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, pins.as_ptr(), OPEN_TREE_CLONE) as i32;
+        if tree < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        ok(libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/sys/fs/bpf".as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"mode=0755".as_ptr().cast(),
+        ))?;
+        ok(libc::mkdir(pins.as_ptr(), 0o700))?;
+        let moved = libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            pins.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        );
+        ok(moved as i32)?;
+        ok(libc::close(tree))
     }
 }
 

@@ -84,7 +84,7 @@ mod tests {
     fn id(port: u16, family: u8) -> FlowId {
         let mut key = FlowKey { sport: port, dport: 80, proto: 17, family, ..FlowKey::default() };
         key.src[..4].copy_from_slice(&[10, 0, 0, 1]);
-        FlowId::of(&key)
+        FlowId::of(&key, crate::hash::FLOW_SEED)
     }
 
     #[test]
@@ -117,7 +117,7 @@ mod tests {
             let mut turned_away = 0;
             for i in 0..flows {
                 let key = FlowKey { sport: i as u16, dport: (i >> 16) as u16, ..FlowKey::default() };
-                let (a, b) = sets_of(key.flow_hash(), sets);
+                let (a, b) = sets_of(key.flow_hash(crate::hash::FLOW_SEED), sets);
                 assert!(a < sets && b < sets);
                 let pick = if choices && used[b as usize] < used[a as usize] { b } else { a } as usize;
                 match used[pick] {

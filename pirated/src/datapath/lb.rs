@@ -14,7 +14,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use pirate_common::{
-    key::FlowId,
+    key::{FlowId, FlowKey},
     lb::{ring_index, LbShape, RealCounters, VipKey},
     maps,
 };
@@ -44,11 +44,13 @@ pub struct LbMaps {
     program: ProgramFd,
     /// Possible CPUs: the counters' value count.
     cpus: usize,
+    /// The datapath's flow seed, which IPv6 connections' ids depend on.
+    seed: u64,
 }
 
 impl LbMaps {
     /// Takes the forwarder's maps out of the object, and a descriptor of `pirate_lb`.
-    pub(super) fn take(ebpf: &mut Ebpf, cpus: usize) -> anyhow::Result<LbMaps> {
+    pub(super) fn take(ebpf: &mut Ebpf, cpus: usize, seed: u64) -> anyhow::Result<LbMaps> {
         let program: &Xdp = ebpf.program(LB).unwrap().try_into()?;
         let program = program.fd()?.try_clone().context("duplicating pirate_lb's descriptor")?;
         let rings = object::take_array(ebpf, maps::LB_RINGS)?;
@@ -63,6 +65,7 @@ impl LbMaps {
             forward: object::take(ebpf, maps::FORWARD)?,
             program,
             cpus,
+            seed,
         })
     }
 
@@ -111,9 +114,9 @@ impl LbMaps {
         }))
     }
 
-    /// The real flow `id` is held on, if the connection table has it.
-    pub fn connection(&self, id: &FlowId) -> anyhow::Result<Option<u32>> {
-        match self.connections.get(id, 0) {
+    /// The real flow `key` is held on, if the connection table has it.
+    pub fn connection(&self, key: &FlowKey) -> anyhow::Result<Option<u32>> {
+        match self.connections.get(&FlowId::of(key, self.seed), 0) {
             Ok(real) => Ok(Some(real)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e).context("reading LB_CONNS"),

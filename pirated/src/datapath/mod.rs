@@ -85,6 +85,8 @@ pub struct Datapath {
     segment: ProgramFd,
     /// The epoch the datapath was in when loaded (the pinned one, on a restart).
     epoch: u32,
+    /// The flow seed: drawn with the maps, the pinned one on a restart.
+    seed: u64,
     /// Where the maps and the link are pinned, once attached, and what to do with them at exit.
     pins: Option<(PinDir, OnExit)>,
     pub attached_mode: &'static str,
@@ -143,6 +145,7 @@ impl Datapath {
         if let Some(missing) = maps::ALL.iter().find(|name| ebpf.map(name).is_none()) {
             bail!("the XDP object has no map {missing}: pirated and its datapath were built apart");
         }
+        let seed = seed(&mut ebpf, reuse)?;
         let mut epochs = Array::<_, u32>::try_from(ebpf.map_mut(maps::EPOCH).unwrap())?;
         let epoch = if reuse {
             epochs.get(&0, 0).context("reading the pinned EPOCH")?.max(FIRST_EPOCH)
@@ -176,6 +179,7 @@ impl Datapath {
             fridge,
             segment,
             epoch,
+            seed,
             pins: None,
             attached_mode: "none",
             cpus,
@@ -329,7 +333,7 @@ impl Datapath {
 
     /// Pirate's maps, for its drain (once).
     pub fn take_pirate(&mut self) -> anyhow::Result<PirateMaps> {
-        PirateMaps::take(&mut self.ebpf, &self.spec.pirate)
+        PirateMaps::take(&mut self.ebpf, &self.spec.pirate, self.seed)
     }
 
     /// The fridges' maps, for the reader of their samples (once).
@@ -339,7 +343,7 @@ impl Datapath {
 
     /// The forwarder's maps, for the balancer (once).
     pub fn take_lb(&mut self) -> anyhow::Result<LbMaps> {
-        LbMaps::take(&mut self.ebpf, self.cpus)
+        LbMaps::take(&mut self.ebpf, self.cpus, self.seed)
     }
 
     /// The segment's maps, for the point that reads its banks (once).
@@ -373,6 +377,27 @@ impl Drop for Datapath {
 }
 
 /// Every program of the chain pirated loads, the root first.
+/// The flow seed: the pinned one when the maps are reused, else one drawn from the kernel's
+/// random source (never 0, which says "none yet"), written before any program can see a packet.
+fn seed(ebpf: &mut aya::Ebpf, reuse: bool) -> anyhow::Result<u64> {
+    let mut seeds = Array::<_, u64>::try_from(ebpf.map_mut(maps::SEED).unwrap())?;
+    let pinned = match reuse {
+        true => seeds.get(&0, 0).context("reading the pinned SEED")?,
+        false => 0,
+    };
+    if pinned != 0 {
+        return Ok(pinned);
+    }
+    let mut seed = 0;
+    while seed == 0 {
+        let mut bytes = [0u8; 8];
+        crate::rng::fill_random(&mut bytes).context("drawing the flow seed")?;
+        seed = u64::from_le_bytes(bytes);
+    }
+    seeds.set(0, seed, 0).context("writing SEED")?;
+    Ok(seed)
+}
+
 fn programs(layout: Layout) -> [&'static str; 6] {
     [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, lb::LB]
 }

@@ -76,10 +76,10 @@ pub struct PirateMaps {
 
 impl PirateMaps {
     /// Takes Pirate's maps, sized for `spec`, out of the object.
-    pub(super) fn take(ebpf: &mut Ebpf, spec: &spec::Pirate) -> anyhow::Result<PirateMaps> {
+    pub(super) fn take(ebpf: &mut Ebpf, spec: &spec::Pirate, seed: u64) -> anyhow::Result<PirateMaps> {
         let layout = spec.layout;
         let flows = object::take_array(ebpf, layout.flows_map())?;
-        let table = FlowTable::map(&flows).context("mapping the flow table")?;
+        let table = FlowTable::map(&flows, seed).context("mapping the flow table")?;
         let records = RingBuf::try_from(object::take(ebpf, maps::RECORDS)?)?;
         let names = BpfHashMap::try_from(object::take(ebpf, maps::V6_NAMES)?)?;
         let ring_bytes = ring_size(spec.max_flows as usize, layout);

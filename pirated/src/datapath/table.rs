@@ -5,33 +5,50 @@
 use std::io;
 
 use aya::maps::MapData;
-use pirate_common::pirate::table::Set;
+use pirate_common::{
+    key::{FlowId, FlowKey},
+    pirate::table::{sets_of, Set},
+};
 
 use super::mmap::Mapped;
 
-pub struct FlowTable(Mapped);
+pub struct FlowTable {
+    sets: Mapped,
+    /// The datapath's flow seed: where a flow sits, and an IPv6 flow's id, depend on it.
+    seed: u64,
+}
 
 impl FlowTable {
-    /// Maps the flow table `map` (an mmapable array of sets).
-    pub fn map(map: &MapData) -> io::Result<FlowTable> {
-        Mapped::of(map).map(FlowTable)
+    /// Maps the flow table `map` (an mmapable array of sets) of a datapath of seed `seed`.
+    pub fn map(map: &MapData, seed: u64) -> io::Result<FlowTable> {
+        Ok(FlowTable { sets: Mapped::of(map)?, seed })
     }
 
     pub fn sets(&self) -> usize {
-        self.0.entries()
+        self.sets.entries()
+    }
+
+    /// The two sets flow `key` may sit in.
+    pub fn sets_of(&self, key: &FlowKey) -> (u32, u32) {
+        sets_of(key.flow_hash(self.seed), self.sets() as u32)
+    }
+
+    /// The id the datapath keys flow `key` by.
+    pub fn id(&self, key: &FlowKey) -> FlowId {
+        FlowId::of(key, self.seed)
     }
 
     /// A copy of set `i`. The datapath may be writing it meanwhile: a flow's copy can be torn
     /// (see `FlowEpoch::is_consistent`).
     pub fn read<const M: usize>(&self, i: usize) -> Set<M> {
-        self.0.read(i)
+        self.sets.read(i)
     }
 
     /// Flows in the table now, counted from the ids alone (a cache line per set).
     pub fn occupied<const M: usize>(&self) -> usize {
         let ways = |i| {
             // SAFETY: an aligned set inside the mapping; any bit pattern is a valid id.
-            let ids = unsafe { std::ptr::read_volatile(&raw const (*self.0.at::<Set<M>>(i)).ids) };
+            let ids = unsafe { std::ptr::read_volatile(&raw const (*self.sets.at::<Set<M>>(i)).ids) };
             ids.iter().filter(|id| id.family != 0).count()
         };
         (0..self.sets()).map(ways).sum()
@@ -39,6 +56,6 @@ impl FlowTable {
 
     /// Overwrites set `i`: for benchmarks that fill the table, never for a live one.
     pub fn write<const M: usize>(&self, i: usize, set: &Set<M>) {
-        self.0.write(i, *set)
+        self.sets.write(i, *set)
     }
 }

@@ -7,7 +7,7 @@
 use std::{collections::HashMap, net::Ipv4Addr};
 
 use pirate_common::{
-    key::{FlowId, FlowKey},
+    key::FlowKey,
     lb::{LbShape, RealCounters, VipKey},
 };
 use serde::Serialize;
@@ -165,7 +165,7 @@ impl Balancer {
         match &mut self.forwarder {
             Forwarder::Builtin => Ok(self
                 .maps
-                .connection(&FlowId::of(key))?
+                .connection(key)?
                 .and_then(|index| index.checked_sub(pool.first).map(|r| r as usize).filter(|&r| r < pool.reals.len()))),
             Forwarder::Katran(driver) => driver.real_of(v, pool, key, epoch),
         }

@@ -8,10 +8,7 @@ use anyhow::{bail, Context};
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
     key::{FlowId, FlowKey, FAMILY_V6},
-    pirate::{
-        flow::EpochRecord,
-        table::{sets_of, WAYS},
-    },
+    pirate::{flow::EpochRecord, table::WAYS},
     with_modes,
 };
 
@@ -161,14 +158,13 @@ fn drain<const M: usize>(
     take::<M>(ring, closed, &mut records)?;
     // A flow rolled over after the scan read it handed its state over before the reset, and its
     // record replaces a copy the scan may have read mid-update.
-    let sets = table.sets() as u32;
     for rec in records {
         let Some(key) = names.key(&rec.id, closed) else {
             unnamed += 1;
             continue;
         };
         let flow = FlowEpoch::from_state(key, &rec.state);
-        let (a, b) = sets_of(key.flow_hash(), sets);
+        let (a, b) = table.sets_of(&key);
         let copy = [a, b]
             .into_iter()
             .flat_map(|s| starts[s as usize] as usize..starts[s as usize + 1] as usize)

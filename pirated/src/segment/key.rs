@@ -4,7 +4,6 @@
 //! readable by all), never printed, and zeroed when dropped.
 
 use std::{
-    fs::File,
     io::{Read, Write},
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::Path,
@@ -27,12 +26,8 @@ impl Psk {
     /// A fresh key from the kernel's random source.
     pub fn generate() -> std::io::Result<Psk> {
         let mut key = Psk::new([0; BYTES]);
-        // SAFETY: writes at most BYTES bytes into the key's array.
-        let got = unsafe { libc::getrandom(key.0.as_mut_ptr().cast(), BYTES, 0) };
-        match got == BYTES as isize {
-            true => Ok(key),
-            false => Err(std::io::Error::last_os_error()),
-        }
+        crate::rng::fill_random(&mut *key.0)?;
+        Ok(key)
     }
 
     pub fn bytes(&self) -> &[u8; BYTES] {
@@ -43,7 +38,12 @@ impl Psk {
     /// one else may read or write, holding 64 hex digits (surrounding whitespace aside).
     pub fn read(path: &Path) -> anyhow::Result<Psk> {
         let shown = path.display();
-        let mut file = File::open(path).with_context(|| format!("segment.key_file {shown}"))?;
+        // Not blocking on a FIFO, nor taking a terminal: what it is is checked next.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .with_context(|| format!("segment.key_file {shown}"))?;
         let meta = file.metadata().with_context(|| format!("segment.key_file {shown}"))?;
         if !meta.is_file() {
             bail!("segment.key_file {shown} is not a regular file");
@@ -60,7 +60,8 @@ impl Psk {
         if meta.uid() != euid && meta.uid() != 0 {
             bail!("segment.key_file {shown} belongs to uid {}, neither pirated's user ({euid}) nor root", meta.uid());
         }
-        let mut text = Zeroizing::new(Vec::with_capacity(2 * BYTES + 1));
+        // Room for all that is read: a buffer that grew would leave the key behind unzeroed.
+        let mut text = Zeroizing::new(Vec::with_capacity(4 * BYTES + 1));
         (&mut file).take(4 * BYTES as u64).read_to_end(&mut text).with_context(|| format!("reading {shown}"))?;
         Psk::parse(text.trim_ascii()).with_context(|| format!("segment.key_file {shown}"))
     }
@@ -164,6 +165,10 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(Psk::read(&path).unwrap().bytes()[..2], [0x01, 0x23]);
         assert!(format!("{:#}", Psk::read(&dir).unwrap_err()).contains("not a regular file"));
+        let fifo = std::ffi::CString::new(dir.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(format!("{:#}", Psk::read(&dir.join("fifo")).unwrap_err()).contains("not a regular file"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

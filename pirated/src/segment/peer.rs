@@ -9,6 +9,8 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
+    net::IpAddr,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -30,7 +32,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    channel::{self, Initiator, Opener, Sealer},
+    channel::{self, Initiator, Opener, Responder, Sealer, MAX_ANSWER},
     clock,
     key::Psk,
     wire::{Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
@@ -48,6 +50,9 @@ const HANDSHAKE_WITHIN: Duration = Duration::from_secs(5);
 /// with them), nor keep the peer out.
 const MAX_HANDSHAKES: usize = 16;
 const MAX_HANDSHAKES_PER_SOURCE: usize = 2;
+/// Handshakes whose first message verified, at once: the upstream point's, which a stranger
+/// cannot crowd out (a first message played again is refused before it gets here).
+const MAX_PROVED: usize = 4;
 /// Refusals logged at most once this often (each is counted).
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Messages waiting to be sent, or to be handled, at most.
@@ -76,6 +81,9 @@ struct Session {
     refusals: Arc<Refusals>,
     /// Per reason, when a refusal was last logged, and how many since were not.
     log: Arc<std::sync::Mutex<RefusalLog>>,
+    /// The ephemeral keys of the first messages verified, with the interval each said, for as
+    /// long as that interval is fresh (see `Session::first_time`).
+    seen: Arc<std::sync::Mutex<HashMap<[u8; 32], u64>>>,
 }
 
 /// Per refusal reason, when one was last logged, and how many since were not.
@@ -138,38 +146,54 @@ impl Link {
     }
 
     /// The downstream point's link: serves the upstream point on `listener`. Each connection's
-    /// handshake runs on its own; the newest connection to complete one replaces the current.
+    /// handshake runs on its own, among strangers until its first message verifies, then among
+    /// the connections that proved the key; the newest to complete one replaces the current.
     pub fn listen(listener: TcpListener, key: Psk, shape: SegmentShape) -> Link {
         let (link, session, outgoing) = Link::new(key, shape, false);
         let outgoing = Arc::new(Mutex::new(outgoing));
         tokio::spawn(async move {
             let (ready, mut established) = mpsc::channel::<Established>(1);
+            let (proving, mut proved) = mpsc::channel::<(IpAddr, Established)>(MAX_PROVED);
             let mut current: Option<JoinHandle<()>> = None;
-            let mut handshakes = Held::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
+            // Strangers hold few handshakes and few from one address: the oldest gives way to
+            // the newest. The upstream point's first message follows its TCP handshake at once,
+            // and takes it out of their way as soon as it verifies.
+            let mut strangers = Held::new(MAX_HANDSHAKES, MAX_HANDSHAKES_PER_SOURCE);
+            let mut proving_key = Held::new(MAX_PROVED, MAX_PROVED);
             loop {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, from)) => {
-                            // Strangers hold few handshakes and few from one address: the oldest
-                            // gives way to the newest, so that a peer's handshake (two round
-                            // trips) gets through however many strangers keep connecting.
-                            if let Some(evicted) = handshakes.make_room(from.ip()) {
+                            if let Some(evicted) = strangers.make_room(from.ip()) {
                                 evicted.abort();
                                 session.refuse(&from.to_string(), Refusal::new("busy", "a newer connection took the place of an older one's handshake".into()));
                             }
-                            let (session, ready) = (session.clone(), ready.clone());
+                            let (session, proving) = (session.clone(), proving.clone());
                             let task = tokio::spawn(async move {
-                                if let Some(e) = session.handshake(stream, from.to_string()).await {
-                                    let _ = ready.send(e).await;
+                                if let Some(c) = session.verify(stream, from.to_string()).await {
+                                    let _ = proving.send((from.ip(), c)).await;
                                 }
                             });
-                            handshakes.hold(from.ip(), task.abort_handle());
+                            strangers.hold(from.ip(), task.abort_handle());
                         }
                         Err(e) => {
                             warn!("segment: accepting a peer connection: {e}");
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                     },
+                    Some((ip, c)) = proved.recv() => {
+                        if let Some(evicted) = proving_key.make_room(ip) {
+                            evicted.abort();
+                            session.refuse(&c.peer, Refusal::new("busy", "a newer connection that proved the key took the place of an older one".into()));
+                        }
+                        let (session, ready) = (session.clone(), ready.clone());
+                        let task = tokio::spawn(async move {
+                            if let Some(e) = session.finish(c).await {
+                                let _ = ready.send(e).await;
+                            }
+                        });
+                        proving_key.hold(ip, task.abort_handle());
+                    }
                     Some(e) = established.recv() => {
                         if let Some(old) = current.take().filter(|old| !old.is_finished()) {
                             info!(from = %e.peer, "segment: a newer connection replaces the current one");
@@ -208,20 +232,65 @@ impl Link {
             up: up.clone(),
             refusals: refusals.clone(),
             log: Arc::default(),
+            seen: Arc::default(),
         };
         (Link { incoming, outgoing, up, refusals }, session, outgoing_rx)
     }
 }
 
 impl Session {
-    /// The channel's handshake and the Hellos in it: the connection established, or refused
-    /// (logged and counted) and dropped. The downstream point sends nothing before the
-    /// upstream point's first message verifies.
+    /// The upstream point's handshake, and the Hellos in it: the connection established, or
+    /// refused (logged and counted) and dropped.
     async fn handshake(&self, stream: TcpStream, peer: String) -> Option<Established> {
+        let (mut reader, mut writer) = self.prepare(stream, &peer);
+        let interval = self.shape.interval(clock::now());
+        let steps = async {
+            let (initiator, first) = Initiator::start(&self.key, interval)?;
+            send(&mut writer, &first).await?;
+            let answer =
+                channel::read_noise(&mut reader, MAX_ANSWER).await.map_err(|e| closed_in_handshake(e, &peer))?;
+            let (theirs, mut sealer, opener) = initiator.finish(&answer)?;
+            self.check_hello(theirs)?;
+            send(&mut writer, &sealer.seal(&Message::Hello { shape: self.shape, interval })).await?;
+            Ok((sealer, opener))
+        };
+        let (sealer, opener) = self.within_handshake(&peer, steps).await?;
+        Some(Established { reader, writer, peer, sealer, opener })
+    }
+
+    /// The downstream point's first step with a stranger: its first message read and verified
+    /// under the key, of an interval near this point's and not seen before, then answered. The
+    /// connection, or nothing (refused, logged and counted: a stranger is sent not a byte).
+    async fn verify(&self, stream: TcpStream, peer: String) -> Option<Established> {
+        let (mut reader, mut writer) = self.prepare(stream, &peer);
+        let steps = async {
+            let first = channel::read_first(&mut reader).await?;
+            let (responder, interval) = Responder::verify(&self.key, &first)?;
+            self.fresh(interval)?;
+            self.first_time(channel::ephemeral(&first), interval)?;
+            let hello = Message::Hello { shape: self.shape, interval: self.shape.interval(clock::now()) };
+            let (answer, sealer, opener) = responder.answer(&hello)?;
+            send(&mut writer, &answer).await?;
+            Ok((sealer, opener))
+        };
+        let (sealer, opener) = self.within_handshake(&peer, steps).await?;
+        Some(Established { reader, writer, peer, sealer, opener })
+    }
+
+    /// The downstream point's last step: the upstream point's Hello, which proves it holds the
+    /// key in this connection. The connection established, or nothing (refused).
+    async fn finish(&self, c: Established) -> Option<Established> {
+        let Established { mut reader, writer, peer, sealer, mut opener } = c;
+        let hello = async { self.check_hello(opener.read(&mut reader, HELLO_BODY).await?) };
+        self.within_handshake(&peer, hello).await?;
+        Some(Established { reader, writer, peer, sealer, opener })
+    }
+
+    /// The connection's halves, its socket set for a peer: TCP finds a peer that vanishes
+    /// without a word (unplugged, its host down), probing after an interval's quiet and giving
+    /// unacknowledged data up after `SILENT_INTERVALS` intervals (at least a second each).
+    fn prepare(&self, stream: TcpStream, peer: &str) -> (OwnedReadHalf, OwnedWriteHalf) {
         let _ = stream.set_nodelay(true);
-        // A peer that vanishes without a word (unplugged, its host down) is found out by TCP:
-        // probes after an interval's quiet, and unacknowledged data given up on after
-        // `SILENT_INTERVALS` intervals (at least a second each).
         let interval = Duration::from_nanos(self.shape.interval_ns).max(Duration::from_secs(1));
         let socket = socket2::SockRef::from(&stream);
         let keepalive = socket2::TcpKeepalive::new().with_time(interval).with_interval(interval).with_retries(3);
@@ -231,41 +300,26 @@ impl Session {
         {
             debug!(%peer, "segment: TCP keepalive: {e}");
         }
-        let (mut reader, mut writer) = stream.into_split();
-        let hello = Message::Hello { shape: self.shape, interval: self.shape.interval(clock::now()) };
-        let steps = async {
-            let (mut sealer, opener) = match self.upstream {
-                true => {
-                    let (initiator, first) = Initiator::start(&self.key)?;
-                    send(&mut writer, &first).await?;
-                    let answer = channel::read_noise(&mut reader).await.map_err(|e| closed_in_handshake(e, &peer))?;
-                    let (theirs, sealer, opener) = initiator.finish(&answer)?;
-                    self.check_hello(theirs)?;
-                    (sealer, opener)
-                }
-                false => {
-                    let first = channel::read_first(&mut reader).await?;
-                    let (answer, sealer, mut opener) = channel::respond(&self.key, &first, &hello)?;
-                    send(&mut writer, &answer).await?;
-                    // Only this proves the peer holds the key now: a first message can be a recording.
-                    self.check_hello(opener.read(&mut reader, HELLO_BODY).await?)?;
-                    (sealer, opener)
-                }
-            };
-            if self.upstream {
-                send(&mut writer, &sealer.seal(&hello)).await?;
-            }
-            Ok::<_, Refusal>((sealer, opener))
-        };
+        stream.into_split()
+    }
+
+    /// What `steps` give within `HANDSHAKE_WITHIN`, or nothing (refused, logged and counted).
+    async fn within_handshake<T>(&self, peer: &str, steps: impl Future<Output = Result<T, Refusal>>) -> Option<T> {
         let outcome = tokio::time::timeout(HANDSHAKE_WITHIN, steps)
             .await
             .unwrap_or_else(|_| Err(Refusal::new("malformed", format!("no handshake within {HANDSHAKE_WITHIN:?}"))));
-        match outcome {
-            Ok((sealer, opener)) => Some(Established { reader, writer, peer, sealer, opener }),
-            Err(refusal) => {
-                self.refuse(&peer, refusal);
-                None
-            }
+        outcome.map_err(|refusal| self.refuse(peer, refusal)).ok()
+    }
+
+    /// Refuses a first message seen before (played again by one who recorded it: it verifies,
+    /// and is of a fresh interval for `WINDOW` intervals), and remembers this one for as long.
+    fn first_time(&self, ephemeral: [u8; 32], interval: u64) -> Result<(), Refusal> {
+        let now = self.shape.interval(clock::now());
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, at| at.saturating_add(WINDOW) >= now);
+        match seen.insert(ephemeral, interval) {
+            None => Ok(()),
+            Some(_) => Err(Refusal::new("stale", "a first message seen before (played again)".into())),
         }
     }
 
@@ -436,6 +490,11 @@ mod tests {
         (Link::listen(listener, key(), shape), addr)
     }
 
+    /// The interval a point of intervals of `interval_ms` is in now.
+    fn now(interval_ms: u64) -> u64 {
+        shape(interval_ms).interval(clock::now())
+    }
+
     /// Whether `up` reads `want` within `within`.
     async fn becomes(up: &AtomicBool, want: bool, within: Duration) -> bool {
         let until = Instant::now() + within;
@@ -548,14 +607,14 @@ mod tests {
         assert!(!up.up.load(Ordering::Relaxed));
         assert!(refused(&down, "authentication") >= 1);
         let mut stranger = TcpStream::connect(addr).await.unwrap();
-        let (_, first) = Initiator::start(&Psk::generate().unwrap()).unwrap();
+        let (_, first) = Initiator::start(&Psk::generate().unwrap(), now(1000)).unwrap();
         stranger.write_all(&first).await.unwrap();
         assert_eq!(heard(&mut stranger, Duration::from_secs(2)).await, Vec::<u8>::new());
     }
 
     /// The bytes an upstream point sent in a real connection, played again to the downstream
-    /// point, get its answer but no link: the Hello after it was sealed for the first
-    /// connection's keys.
+    /// point, get not a byte and no link: its first message was seen before (and the Hello
+    /// after it was sealed for the first connection's keys).
     #[tokio::test]
     async fn a_recorded_connection_played_again_gets_no_link() {
         let (down, addr) = downstream(shape(100)).await;
@@ -563,8 +622,8 @@ mod tests {
         let (_up, mut from_up, mut recorded) = intercepted(shape(100)).await;
         let mut to_down = TcpStream::connect(addr).await.unwrap();
         to_down.write_all(&recorded).await.unwrap();
-        from_up.write_all(&framed(&channel::read_noise(&mut to_down).await.unwrap())).await.unwrap();
-        let hello = framed(&channel::read_noise(&mut from_up).await.unwrap());
+        from_up.write_all(&framed(&channel::read_noise(&mut to_down, MAX_ANSWER).await.unwrap())).await.unwrap();
+        let hello = framed(&channel::read_noise(&mut from_up, MAX_ANSWER).await.unwrap());
         to_down.write_all(&hello).await.unwrap();
         recorded.extend_from_slice(&hello);
         assert!(becomes(&down.up, true, Duration::from_secs(2)).await, "the relayed connection got no link");
@@ -573,10 +632,9 @@ mod tests {
         refused(&down, "io");
         let mut replay = TcpStream::connect(addr).await.unwrap();
         replay.write_all(&recorded).await.unwrap();
-        let answered = heard(&mut replay, Duration::from_secs(2)).await;
-        assert!(!answered.is_empty(), "the downstream point answers a first message that verifies");
+        assert_eq!(heard(&mut replay, Duration::from_secs(2)).await, Vec::<u8>::new());
         assert!(!becomes(&down.up, true, Duration::from_millis(500)).await, "a replayed connection got in");
-        assert_eq!(refused(&down, "authentication"), 1);
+        assert_eq!(refused(&down, "stale"), 1);
     }
 
     /// Each point's own messages sent back to it (by one between the points, without the key)
@@ -589,11 +647,14 @@ mod tests {
         from_up.write_all(&first[channel::PREAMBLE.len()..]).await.unwrap();
         let mut to_down = TcpStream::connect(addr).await.unwrap();
         to_down.write_all(&first).await.unwrap();
-        let answer = framed(&channel::read_noise(&mut to_down).await.unwrap());
+        let answer = framed(&channel::read_noise(&mut to_down, MAX_ANSWER).await.unwrap());
         to_down.write_all(&answer).await.unwrap();
         assert_eq!(heard(&mut from_up, Duration::from_secs(2)).await, Vec::<u8>::new(), "U went on");
         assert!(heard(&mut to_down, Duration::from_secs(2)).await.is_empty());
-        assert_eq!((refused(&up, "authentication"), refused(&down, "authentication")), (1, 1));
+        // D refuses its own answer by its length, or as not opening.
+        let d: Vec<_> = down.refusals.take().collect();
+        assert!(matches!(d[..], [("malformed" | "authentication", 1)]), "{d:?}");
+        assert_eq!(refused(&up, "authentication"), 1);
         assert!(!up.up.load(Ordering::Relaxed) && !down.up.load(Ordering::Relaxed));
     }
 
@@ -603,11 +664,80 @@ mod tests {
     async fn a_fake_downstream_gets_nothing() {
         let (up, mut from_up, _) = intercepted(shape(1000)).await;
         // An ephemeral key and a payload's worth of bytes, as a downstream point's answer has.
-        let (_, guess) = Initiator::start(&Psk::generate().unwrap()).unwrap();
+        let (_, guess) = Initiator::start(&Psk::generate().unwrap(), now(1000)).unwrap();
         from_up.write_all(&framed(&[&guess[channel::PREAMBLE.len() + 2..], &[7; 32][..]].concat())).await.unwrap();
         up.outgoing.send(Message::Request { interval: 1, ids: vec![1] }).await.unwrap();
         assert_eq!(heard(&mut from_up, Duration::from_secs(2)).await, Vec::<u8>::new());
         assert_eq!(refused(&up, "authentication"), 1);
         assert!(!up.up.load(Ordering::Relaxed));
+    }
+
+    /// Forwards what `from` sends to `to`, each piece `delay` after it came: a path of that
+    /// one-way delay.
+    async fn delayed(mut from: tokio::net::tcp::OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration) {
+        let (pieces, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        tokio::spawn(async move {
+            while let Some((at, piece)) = due.recv().await {
+                tokio::time::sleep_until(at).await;
+                if to.write_all(&piece).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n @ 1..) = tokio::io::AsyncReadExt::read(&mut from, &mut buf).await {
+            if pieces.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Strangers from many addresses who keep connecting cannot keep out an upstream point
+    /// whose handshake takes round trips long enough for them to fill the downstream point's
+    /// handshakes over and over: its first message, right behind its TCP handshake, takes it
+    /// out of their way once it verifies. (Among them until its Hello, it was closed for a
+    /// newer stranger every time.)
+    #[tokio::test]
+    async fn strangers_from_many_addresses_cannot_keep_a_distant_upstream_out() {
+        let (down, addr) = downstream(shape(1000)).await;
+        // 20 addresses, a connection every 2 ms, the last 64 held open.
+        let flood = tokio::spawn(async move {
+            let mut held = std::collections::VecDeque::new();
+            for i in 0u32.. {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket.bind(([127, 0, 1, (i % 20) as u8 + 1], 0).into()).unwrap();
+                if let Ok(s) = socket.connect(addr).await {
+                    held.push_back(s);
+                }
+                if held.len() > 64 {
+                    held.pop_front();
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        // The upstream point 50 ms away each way: its first message goes with its TCP
+        // handshake, what follows crosses the path.
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let far = relay.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut from_up, _)) = relay.accept().await {
+                let mut first = vec![0u8; channel::PREAMBLE.len() + 2 + channel::FIRST];
+                if tokio::io::AsyncReadExt::read_exact(&mut from_up, &mut first).await.is_err() {
+                    continue;
+                }
+                let Ok(mut to_down) = TcpStream::connect(addr).await else { continue };
+                let _ = to_down.write_all(&first).await;
+                let ((up_read, up_write), (down_read, down_write)) = (from_up.into_split(), to_down.into_split());
+                let delay = Duration::from_millis(50);
+                tokio::spawn(delayed(up_read, down_write, delay));
+                tokio::spawn(delayed(down_read, up_write, delay));
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _up = Link::connect(far.to_string(), key(), shape(1000));
+        let got_in = becomes(&down.up, true, Duration::from_secs(4)).await;
+        flood.abort();
+        assert!(got_in, "the strangers kept the upstream point out");
+        assert!(refused(&down, "busy") > 16, "the strangers never filled the handshakes");
     }
 }

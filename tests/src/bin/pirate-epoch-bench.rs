@@ -143,7 +143,7 @@ fn main() -> Result<()> {
             let flow = |w: usize| (i * WAYS + w) as u32;
             let set = Set::<MODES_COMPACT> {
                 ids: std::array::from_fn(|w| match flow(w) < n {
-                    true => FlowId::of(&key(flow(w), args.servers)),
+                    true => table.id(&key(flow(w), args.servers)),
                     false => FlowId::default(),
                 }),
                 states: std::array::from_fn(|w| templates[(flow(w) % TEMPLATES) as usize]),

@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, mem::MaybeUninit, net::SocketAddr, ops::Range};
 
-use foldhash::fast::FixedState;
+use foldhash::fast::RandomState;
 use pirate_common::pirate::modes::Epsilon;
 
 use super::{
@@ -51,7 +51,9 @@ impl Sums {
 /// their sums over the share's flows.
 #[derive(Default)]
 pub struct Numbering {
-    numbers: HashMap<SocketAddr, u32, FixedState>,
+    /// Keyed by what traffic chooses: seeded per process, so that crafted addresses cannot
+    /// pile into one bucket.
+    numbers: HashMap<SocketAddr, u32, RandomState>,
     sums: Vec<[Sums; 2]>,
     /// Flows in the share.
     len: usize,
@@ -90,7 +92,7 @@ pub fn per_server(
     eps: Epsilon,
 ) -> [Vec<ServerEstimate>; 2] {
     // Every share's servers, renumbered over all of them, and their sums merged.
-    let mut numbers: HashMap<SocketAddr, usize, FixedState> = HashMap::default();
+    let mut numbers: HashMap<SocketAddr, usize, RandomState> = HashMap::default();
     let mut sums: Vec<[Sums; 2]> = Vec::new();
     // For each server, the shares with flows of it and its number in each.
     let mut members: Vec<Vec<(usize, u32)>> = Vec::new();

@@ -26,7 +26,7 @@ const SEQ_NUMBER: u32 = 0x0102_0304;
 
 /// What the parser reports for a TCP segment built here, without FIN.
 fn tcp_info(payload: u16, pure_ack: bool, ack: Option<u32>) -> PacketInfo {
-    PacketInfo { payload, pure_ack, ack, data_end: data_end(payload, 0), syn: false }
+    PacketInfo { payload, pure_ack, ack, data_end: data_end(payload, 0), syn: false, quic: false }
 }
 
 /// The sequence number just past a built segment's data: a FIN takes a number too.
@@ -41,7 +41,7 @@ fn opens(flags: u8) -> bool {
 
 /// What the parser reports for a UDP datagram.
 fn udp_info(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false }
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false, quic: false }
 }
 const TPID_8021Q: u16 = 0x8100;
 const TPID_8021AD: u16 = 0x88a8;

@@ -53,10 +53,10 @@ fn params(flags: u32) -> Params {
 }
 
 fn data(payload: u16) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false }
+    PacketInfo { payload, pure_ack: false, ack: None, data_end: 0, syn: false, quic: false }
 }
 
-const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None, data_end: 0, syn: false };
+const PURE_ACK: PacketInfo = PacketInfo { payload: 0, pure_ack: true, ack: None, data_end: 0, syn: false, quic: false };
 
 /// An Alg. 1 sample as the sample sum holds it: rounded to 2^SUM_SHIFT ns.
 fn rounded(g: u64) -> u64 {
@@ -242,7 +242,7 @@ fn pure_acks_are_skipped_only_with_the_flag() {
 
 /// A TCP segment with `payload` bytes of data ending at sequence number `end`.
 fn segment(payload: u16, end: u32) -> PacketInfo {
-    PacketInfo { payload, pure_ack: false, ack: Some(1), data_end: end, syn: false }
+    PacketInfo { payload, pure_ack: false, ack: Some(1), data_end: end, syn: false, quic: false }
 }
 
 #[test]
@@ -534,7 +534,7 @@ fn start_epoch_resets_the_measurements_and_keeps_the_timing() {
 
 /// A request with acknowledgement number `ack`.
 fn acked(ack: u32) -> PacketInfo {
-    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack), data_end: 0, syn: false }
+    PacketInfo { payload: 100, pure_ack: false, ack: Some(ack), data_end: 0, syn: false, quic: false }
 }
 
 #[test]
@@ -1019,7 +1019,7 @@ proptest! {
                 ack_now
             });
             seq_now = seq_now.wrapping_add_signed(seq_move);
-            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack, data_end: seq_now, syn: false };
+            let pkt = PacketInfo { payload, pure_ack: pure && payload == 0 && ack.is_some(), ack, data_end: seq_now, syn: false, quic: false };
             let step = on_packet(&mut st, t, pkt, &p);
             if pkt.pure_ack && flags & FLAG_SKIP_PURE_ACKS != 0 {
                 prop_assert_eq!(step, Step::SkippedPureAck);
@@ -1121,7 +1121,7 @@ proptest! {
 }
 
 /// The client's SYN.
-const SYN: PacketInfo = PacketInfo { payload: 0, pure_ack: false, ack: None, data_end: 0, syn: true };
+const SYN: PacketInfo = PacketInfo { payload: 0, pure_ack: false, ack: None, data_end: 0, syn: true, quic: false };
 
 #[test]
 fn the_handshake_round_trip_is_syn_to_the_clients_ack() {
@@ -1164,4 +1164,26 @@ fn gaps_across_which_the_ack_advanced_are_counted_whatever_marks_them() {
         st.start_epoch(2, &p);
         assert_eq!(st.acked_gaps, 0, "an epoch's count");
     }
+}
+
+/// QUIC is told by HTTP/3's port, or by a long header of a known version on any port; a DNS
+/// query whose id happens to start with the long form's bits is not QUIC, nor is TCP to 443.
+#[test]
+fn quic_is_told_by_its_port_or_its_long_header() {
+    use pirate_common::{
+        ctx::PacketCtx,
+        key::FlowKey,
+        parse::{IPPROTO_TCP, IPPROTO_UDP},
+    };
+    let info = |proto: u8, dport: u16, head: u32| {
+        let key = FlowKey { proto, dport, sport: 50_000, ..FlowKey::default() };
+        PacketInfo::of(&PacketCtx { key, head, payload: 1200, ..PacketCtx::default() }).quic
+    };
+    assert!(info(IPPROTO_UDP, 443, 0x4012_3456), "a short header to 443");
+    for version in [0xc000_0000, 0xc36b_3343, 0xcdff_0000] {
+        assert!(info(IPPROTO_UDP, 4433, version), "long header {version:#x}");
+    }
+    assert!(!info(IPPROTO_UDP, 53, 0xc1a2_0100), "a DNS query");
+    assert!(!info(IPPROTO_UDP, 4433, 0x4000_0000), "a short header off 443");
+    assert!(!info(IPPROTO_TCP, 443, 0xc000_0000), "TCP");
 }

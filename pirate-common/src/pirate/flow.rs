@@ -26,6 +26,9 @@ pub const RESTARTED: u8 = 32;
 /// The last packet in the gap stream was the client's SYN: the next one carrying an ACK ends
 /// the handshake, and the time between them is its round trip.
 pub const SYN_SENT: u8 = 64;
+/// The flow is QUIC (see `tracker::PacketInfo::quic`): its acknowledgements are encrypted, so
+/// nothing in its packets tells how many requests it has in flight.
+pub const QUIC: u8 = 128;
 
 /// A `u64` timestamp as two 32-bit halves: 4-byte aligned.
 #[repr(C)]

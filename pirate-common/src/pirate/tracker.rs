@@ -7,13 +7,13 @@ use super::{
         Params, FLAG_ADAPTIVE_DELTA, FLAG_MARK_ACKED, FLAG_MARK_AFTER_SHORT, FLAG_SKIP_PURE_ACKS,
         FLAG_SKIP_RETRANSMISSIONS, MAX_GAP_NS, MIN_FULL_PAYLOAD,
     },
-    flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT, SYN_SENT},
+    flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, QUIC, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT, SYN_SENT},
     grid,
     modes::Placed,
 };
 use crate::{
     ctx::PacketCtx,
-    parse::{IPPROTO_TCP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
 /// What a packet is, as far as the trackers care (read off the packet context).
@@ -30,13 +30,19 @@ pub struct PacketInfo {
     pub data_end: u32,
     /// A TCP SYN without ACK: the client opening the connection.
     pub syn: bool,
+    /// A UDP datagram to port 443 (HTTP/3's), or one that starts as a QUIC long header of
+    /// version 1, 2 or a draft does (the form bits, then a version whose first three bytes are
+    /// those of 0x00000001, 0x6b3343cf or 0xff0000xx): QUIC.
+    pub quic: bool,
 }
 
 impl PacketInfo {
     #[inline(always)]
     pub fn of(pkt: &PacketCtx) -> PacketInfo {
         if pkt.key.proto != IPPROTO_TCP {
-            return PacketInfo { payload: pkt.payload, pure_ack: false, ack: None, data_end: 0, syn: false };
+            let long = pkt.head >> 30 == 0b11 && matches!(pkt.head & 0x00ff_ffff, 0 | 0x6b_3343 | 0xff_0000);
+            let quic = pkt.key.proto == IPPROTO_UDP && (pkt.key.dport == 443 || (long && pkt.payload >= 5));
+            return PacketInfo { payload: pkt.payload, pure_ack: false, ack: None, data_end: 0, syn: false, quic };
         }
         let flags = pkt.tcp_flags;
         let pure_ack = pkt.payload == 0 && flags & TCP_ACK != 0 && flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
@@ -44,7 +50,8 @@ impl PacketInfo {
         // too: the first one is new (it ends the last batch), a retransmitted one is not.
         let data_end = pkt.seq.wrapping_add(pkt.payload as u32).wrapping_add((flags & TCP_FIN != 0) as u32);
         let ack = (flags & TCP_ACK != 0).then_some(pkt.ack);
-        PacketInfo { payload: pkt.payload, pure_ack, ack, data_end, syn: flags & TCP_SYN != 0 && ack.is_none() }
+        let syn = flags & TCP_SYN != 0 && ack.is_none();
+        PacketInfo { payload: pkt.payload, pure_ack, ack, data_end, syn, quic: false }
     }
 }
 
@@ -102,6 +109,9 @@ pub fn packet<const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, p: &Params
 
 /// Feeds one packet arriving at `now` (ns) to its flow's state.
 pub fn on_packet<const M: usize>(st: &mut FlowState<M>, now: u64, pkt: PacketInfo, p: &Params) -> Step {
+    if pkt.quic {
+        st.status |= QUIC;
+    }
     // The handshake's ACK (pure or not) after the client's SYN, the latest one if it was
     // retransmitted: the gap between them is the round trip.
     if st.status & SYN_SENT != 0 && pkt.ack.is_some() {

@@ -41,6 +41,7 @@ pub struct PirateConfig {
     pub round_trip_floor: f64,
     pub round_trip_slack: Dur,
     pub multiplexed_short_share: f64,
+    pub min_batches: u64,
     pub batch_gap: AutoOr,
     pub skip_pure_acks: bool,
     pub skip_retransmissions: bool,
@@ -68,6 +69,7 @@ impl Default for PirateConfig {
             round_trip_floor: 0.8,
             round_trip_slack: Dur(Duration::from_micros(300)),
             multiplexed_short_share: 0.08,
+            min_batches: 2,
             batch_gap: AutoOr::Auto,
             skip_pure_acks: true,
             skip_retransmissions: true,
@@ -138,6 +140,12 @@ impl PirateConfig {
             if !(0.0..=1.0).contains(&share) {
                 return refuse(&[&format!("pirate.{key}")], format!("pirate.{key} = {share}: must be in [0, 1]"));
             }
+        }
+        if !(1..=1000).contains(&self.min_batches) {
+            return refuse(
+                &["pirate.min_batches"],
+                format!("pirate.min_batches = {}: must be 1..=1000", self.min_batches),
+            );
         }
         if self.round_trip_slack.0 > Duration::from_secs(1) {
             return refuse(
@@ -230,6 +238,7 @@ impl PirateConfig {
             round_trip_slack_ns: self.round_trip_slack.as_nanos() as f64,
             multiplexed_short_share: self.multiplexed_short_share,
             epsilon: self.epsilon(),
+            min_batches: self.min_batches,
         }
     }
 

@@ -10,7 +10,12 @@ use std::{
 use pirate_common::{
     key::{FlowKey, FAMILY_V4},
     parse::{IPPROTO_TCP, IPPROTO_UDP},
-    pirate::{batch_break::ModeView, config::MODES_WIDE, flow::FlowState, modes::Modes},
+    pirate::{
+        batch_break::ModeView,
+        config::MODES_WIDE,
+        flow::{FlowState, QUIC},
+        modes::Modes,
+    },
 };
 
 /// One mode of a flow's gap distribution. Bounds and counts are 32-bit as in the datapath
@@ -123,6 +128,8 @@ pub struct FlowEpoch {
     pub handshake_rtt_ns: u32,
     /// Gaps across which the client's acknowledgement number advanced (saturating at 65535).
     pub acked_gaps: u16,
+    /// QUIC: nothing in its packets tells how many requests it has in flight.
+    pub quic: bool,
 }
 
 impl FlowEpoch {
@@ -146,6 +153,7 @@ impl FlowEpoch {
             batch_gap_ns: st.batch_gap_ns as u64,
             handshake_rtt_ns: st.handshake_rtt_ns() as u32,
             acked_gaps: st.acked_gaps,
+            quic: st.has(QUIC),
         }
     }
 

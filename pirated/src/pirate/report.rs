@@ -10,7 +10,7 @@ use crate::pirate::{
         quantile::Quantile,
         servers::{per_server, Numbering, ServerEstimate},
         span::Span,
-        Estimates, Estimator, FlowEstimate, NoFigure, Settings,
+        Estimates, Estimator, FlowEstimate, NoFigure, Rule, Settings,
     },
     flow::{client, proto_name, server, FlowEpoch},
 };
@@ -148,6 +148,7 @@ impl EpochReport {
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
                 no_figure: r.withheld(self.estimator).map(NoFigure::name),
+                evidence: r.rule(self.estimator).map(|rule| Evidence::of(rule, f.key.proto)),
                 estimates: Both {
                     paper: r.paper.as_ref().map(Figure::from),
                     batches: r.batches.as_ref().map(Figure::from),
@@ -259,6 +260,8 @@ struct FlowLine {
     batches: u64,
     /// Why the configured estimator's figure was withheld (`NoFigure::name`); null otherwise.
     no_figure: Option<&'static str>,
+    /// What the configured estimator's figure rests on; null without a figure.
+    evidence: Option<Evidence>,
     /// Both estimators' figures, for comparison.
     estimates: Both,
     /// Alg. 1 causal-pair samples and their mean.
@@ -276,6 +279,23 @@ struct FlowLine {
     acked_gaps: u16,
     /// The TCP handshake's round trip; null where pirated did not see it.
     handshake_rtt_ns: Option<u32>,
+}
+
+/// A figure's evidence: the rule that produced it, and the requests in flight it shows.
+#[derive(Serialize)]
+struct Evidence {
+    rule: &'static str,
+    /// Null where the evidence shows no number.
+    streams_in_flight: Option<u32>,
+    /// [lower, upper]; upper null where unbounded.
+    streams_bounds: [Option<u32>; 2],
+}
+
+impl Evidence {
+    fn of(rule: Rule, proto: u8) -> Evidence {
+        let s = rule.streams(proto);
+        Evidence { rule: rule.name(), streams_in_flight: s.in_flight, streams_bounds: [Some(s.lower), s.upper] }
+    }
 }
 
 #[derive(Serialize)]

@@ -15,6 +15,7 @@ pub mod limit;
 pub mod metrics;
 pub mod parallel;
 pub mod pirate;
+pub mod rli;
 pub mod rng;
 pub mod segment;
 pub mod source;

@@ -58,6 +58,7 @@ pub const CRATES: &[Layers] = &[
             ("fridge", 2, Capability),
             ("segment", 2, Capability),
             ("lb", 2, Capability),
+            ("rli", 2, Capability),
             ("config", 3, Shared),
             ("source", 4, Shared),
             ("metrics", 5, Shared),

@@ -111,6 +111,14 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// RLI and RLI-L per-flow mean and std-dev against every packet's true delay on a synthetic
+    /// bottleneck with bursts, references injected 1-in-n, 1-in-τ or sampled, at three loads and
+    /// three rates, with their overhead. No root.
+    Rli {
+        /// Extra arguments for the benchmark binary (see its --help).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
     /// Static against latency-aware Maglev on the load-balancing testbed: one request per
     /// connection to 4 nginx backends, one of them limited on a trace, at three loads, with
     /// `pirate_lb` and with Katran's balancer; the clients' p50/p99 and the p99 reduction.
@@ -210,6 +218,7 @@ fn main() -> Result<()> {
         }
         Task::Bench { which: Bench::Lda { args } } => bench("pirate-lda-bench", &[], &args),
         Task::Bench { which: Bench::Rda { args } } => bench("pirate-rda-bench", &[], &args),
+        Task::Bench { which: Bench::Rli { args } } => bench("pirate-rli-bench", &[], &args),
         Task::Bench { which: Bench::Lb { args } } => bench("pirate-lb-bench", &["pirated"], &args),
     }
 }

@@ -16,4 +16,5 @@ pub mod lb;
 pub mod maps;
 pub mod parse;
 pub mod pirate;
+pub mod rli;
 pub mod segment;

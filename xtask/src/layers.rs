@@ -81,6 +81,7 @@ pub const CRATES: &[Layers] = &[
             ("fridge", 1, Capability),
             ("segment", 1, Capability),
             ("lb", 1, Capability),
+            ("rli", 1, Capability),
         ],
     },
 ];

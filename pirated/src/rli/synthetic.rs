@@ -61,6 +61,8 @@ pub struct Trace {
     pub arrivals: Vec<Arrival>,
     /// Per flow: (packets, Σ delay, Σ delay²) of the true delays (ns).
     pub truth: Vec<super::interpolate::Sums>,
+    /// Every regular packet's arrival at D (ns) and true delay (ns), in arrival order.
+    pub delays: Vec<(u64, f64)>,
     /// References, and the bytes they added to the link (0 when sampled).
     pub references: u64,
     pub reference_bytes: u64,
@@ -87,6 +89,7 @@ impl Trace {
         let flows = sent.iter().filter(|p| p.flow != u32::MAX).map(|p| p.flow + 1).max().unwrap_or(0) as usize;
         let mut truth = vec![super::interpolate::Sums::default(); flows];
         let (mut free_at, mut arrivals, mut references_n, mut reference_bytes, mut bytes) = (0u64, Vec::new(), 0, 0, 0);
+        let mut delays = Vec::new();
         for p in &sent {
             // FIFO: served once the link is free, then sent in size × rate.
             let start = free_at.max(p.at_ns);
@@ -109,10 +112,11 @@ impl Trace {
             }
             if p.flow != u32::MAX {
                 truth[p.flow as usize].add(delay);
+                delays.push((at_ns, delay));
                 arrivals.push(Arrival { at_ns, flow: p.flow, reference: None });
             }
         }
-        Trace { arrivals, truth, references: references_n, reference_bytes, bytes }
+        Trace { arrivals, truth, delays, references: references_n, reference_bytes, bytes }
     }
 }
 

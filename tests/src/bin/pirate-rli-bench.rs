@@ -7,6 +7,8 @@
 //! the link (sampled: of the peer channel's bytes), and over flows of 100 packets or more (and
 //! of 10–99) the median and p90 of the relative error of each flow's mean and standard deviation
 //! of delay, against every packet's true delay, and the median signed error of RLI's means.
+//! Then the segment's delay quantiles per interval from the references alone, against every
+//! packet's: the median and worst relative error over intervals, the worst being a burst's.
 
 use anyhow::Result;
 use clap::Parser;
@@ -14,6 +16,7 @@ use pirated::{
     parallel,
     rli::{
         interpolate::{estimate, Sums},
+        quantiles::Summary,
         synthetic::{References, Spec, Trace, REFERENCE_BYTES},
     },
 };
@@ -29,6 +32,9 @@ struct Args {
     /// Reference rates, as the share of the link injected references take.
     #[arg(long, value_delimiter = ',', default_value = "0.0005,0.002,0.008")]
     link_shares: Vec<f64>,
+    /// The segment's measurement interval for its quantiles, ms.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
 }
 
 /// Median and p90 of the magnitudes of `errors` (NaN for none).
@@ -129,6 +135,79 @@ fn main() -> Result<()> {
                 pct(median_p90(&left_s)),
                 pct(median_p90(&small)),
                 median(&rli_m) * 100.0,
+            )
+        });
+        rows.iter().for_each(|r| println!("{r}"));
+    }
+    quantiles(&args)
+}
+
+/// Per load and way of choosing references (at 0.2 % of the link): per interval, the quantiles
+/// and std-dev of the references' delays against every packet's; printed, the median and the
+/// worst relative error over the intervals, and the references an interval held.
+fn quantiles(args: &Args) -> Result<()> {
+    println!(
+        "
+The segment's delay per {} ms interval from its references (0.2 % of the link) against every packet's:          relative error, median / worst over intervals
+",
+        args.interval_ms
+    );
+    println!(
+        "{:>4} {:>12} {:>10} | {:>15} {:>15} {:>15} {:>15} | {:>12}",
+        "load", "references", "refs/int", "p50", "p90", "p99", "std-dev", "top p99 ms"
+    );
+    let interval_ns = args.interval_ms * 1_000_000;
+    for &load in &args.loads {
+        let spec = Spec::gigabit(args.seconds, load);
+        let packets_per_s = Trace::new(&spec, References::Sampled(u64::MAX), 1).arrivals.len() as f64 / args.seconds;
+        let n = (packets_per_s * REFERENCE_BYTES as f64 * 8.0 / (0.002 * spec.link_bps)).round().max(1.0) as u64;
+        let ways = [(format!("1-in-{n}"), References::EveryN(n)), (format!("sampled {n}"), References::Sampled(n))];
+        let rows = parallel::map(&ways, |(name, refs)| {
+            let trace = Trace::new(&spec, *refs, 0x524c_4951 + (load * 100.0) as u64);
+            // Whole intervals: what arrives after the trace's end (the queue draining) is left out.
+            let intervals = ((args.seconds * 1e9) as u64 / interval_ns) as usize;
+            let (mut truth, mut seen) = (vec![Vec::new(); intervals], vec![Vec::new(); intervals]);
+            for &(at, d) in &trace.delays {
+                if let Some(t) = truth.get_mut((at / interval_ns) as usize) {
+                    t.push(d);
+                }
+            }
+            for a in &trace.arrivals {
+                if let (Some(d), Some(r)) = (a.reference, seen.get_mut((a.at_ns / interval_ns) as usize)) {
+                    r.push(d);
+                }
+            }
+            // Per statistic (p50, p90, p99, std-dev): the errors over the intervals.
+            let mut errors = vec![Vec::new(); 4];
+            let (mut worst_p99, mut refs) = ((0.0, 0.0), Vec::new());
+            for (t, r) in truth.iter_mut().zip(seen.iter_mut()) {
+                let (Some(t), Some(r)) = (Summary::of(t), Summary::of(r)) else { continue };
+                refs.push(r.count as f64);
+                for (k, e) in errors.iter_mut().enumerate().take(3) {
+                    if let (Some(tq), Some(rq)) = (t.quantiles[k], r.quantiles[k]) {
+                        e.push((rq - tq) / tq);
+                    }
+                }
+                errors[3].push((r.std_dev - t.std_dev) / t.std_dev);
+                if let (Some(tq), Some(rq)) = (t.quantiles[2], r.quantiles[2]) {
+                    if tq > worst_p99.0 {
+                        worst_p99 = (tq, rq);
+                    }
+                }
+            }
+            let stat = |e: &[f64]| {
+                let worst = e.iter().copied().map(f64::abs).fold(f64::NAN, f64::max);
+                format!("{:6.2} / {:6.2}", median_p90(e).0 * 100.0, worst * 100.0)
+            };
+            format!(
+                "{load:>4} {name:>12} {:>10.0} | {:>15} {:>15} {:>15} {:>15} | {:>5.2} / {:>4.2}",
+                median(&refs),
+                stat(&errors[0]),
+                stat(&errors[1]),
+                stat(&errors[2]),
+                stat(&errors[3]),
+                worst_p99.0 / 1e6,
+                worst_p99.1 / 1e6,
             )
         });
         rows.iter().for_each(|r| println!("{r}"));

@@ -15,7 +15,7 @@ APT_PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22
     bpftool iproute2 ethtool iptables tcpdump wireshark-common
     iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
-    nghttp2-client unbound dnsutils dnsperf python3-grpcio
+    nghttp2-client unbound dnsutils dnsperf python3-grpcio python3-venv
     prometheus systemd libcap2-bin util-linux
 )
 missing=()
@@ -33,6 +33,16 @@ fi
 for svc in nginx redis-server unbound; do
     systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
+
+# A real QUIC stack for the testbeds (aioquic, from PyPI: Debian has none), in a venv of Debian's
+# Python of its own, pinned.
+AIOQUIC_VERSION=1.7.2
+QUIC_VENV=/opt/pirate-tests/venv
+if ! "$QUIC_VENV/bin/python" -c "import aioquic, sys; sys.exit(aioquic.__version__ != '$AIOQUIC_VERSION')" 2>/dev/null; then
+    log "pip install aioquic==$AIOQUIC_VERSION into $QUIC_VENV"
+    /usr/bin/python3 -m venv "$QUIC_VENV"
+    "$QUIC_VENV/bin/pip" install -q "aioquic==$AIOQUIC_VERSION"
+fi
 
 # Nightly with rust-src builds core for bpfel-unknown-none.
 if ! rustup toolchain list | grep -q '^nightly'; then

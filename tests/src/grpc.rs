@@ -4,41 +4,28 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
 use crate::{
     clients::ClientLatency,
     netns::Netns,
-    servers::{scratch, wait_listening, Server},
+    servers::{python_client_latency, python_server, wait_listening, Server},
 };
 
 /// Debian's interpreter, which has `python3-grpcio`; isolated (`-I`) from the environment's
 /// Python paths and the user's packages, and so from any other Python first on `PATH`.
 const PYTHON: [&str; 2] = ["/usr/bin/python3", "-I"];
-const SERVER: &str = include_str!("grpc/server.py");
-const CLIENT: &str = include_str!("grpc/client.py");
 
 /// The gRPC server on `port` (IPv4 and IPv6) in `ns`, answering each call after `service`.
 pub fn server(ns: &Netns, port: u16, service: Duration) -> Result<Server> {
-    let dir = scratch(ns, "grpc")?;
-    let script = dir.join("server.py");
-    std::fs::write(&script, SERVER)?;
-    let (port_arg, service_arg) = (port.to_string(), service.as_secs_f64().to_string());
-    let child = ns
-        .spawn(&[&PYTHON[..], &[script.to_str().unwrap(), &port_arg, &service_arg]].concat())
-        .context("starting the gRPC server")?;
-    let server = Server { child, dir };
-    wait_listening(ns, port)?;
-    Ok(server)
+    let args = |_: &std::path::Path| vec![port.to_string(), service.as_secs_f64().to_string()];
+    python_server(ns, "gRPC", &PYTHON, include_str!("grpc/server.py"), args, || wait_listening(ns, port))
 }
 
 /// The gRPC client in `ns`: `in_flight` calls at a time to `server` on one connection for
 /// `duration`; the mean of its own per-call times.
 pub fn client(ns: &Netns, server: SocketAddr, in_flight: u32, duration: Duration) -> Result<ClientLatency> {
     let (target, in_flight, secs) = (server.to_string(), in_flight.to_string(), duration.as_secs_f64().to_string());
-    let out = ns.run(&[&PYTHON[..], &["-c", CLIENT, &target, &in_flight, &secs]].concat())?;
-    let line =
-        out.lines().find_map(|l| l.strip_prefix("PIRATE ")).with_context(|| format!("gRPC client printed:\n{out}"))?;
-    let Some((mean, calls)) = line.split_once(' ') else { bail!("gRPC client printed {line:?}") };
-    Ok(ClientLatency { mean: mean.parse()?, requests: calls.parse()? })
+    let out = ns.run(&[&PYTHON[..], &["-c", include_str!("grpc/client.py"), &target, &in_flight, &secs]].concat())?;
+    python_client_latency("gRPC", &out)
 }

@@ -11,6 +11,7 @@ pub mod katran_server;
 pub mod linkem;
 pub mod netns;
 pub mod pairs;
+pub mod quic;
 pub mod servers;
 pub mod testbed;
 pub mod twopoint;

@@ -25,6 +25,39 @@ impl Drop for Server {
     }
 }
 
+/// A Python server: the script `source`, written to a scratch directory named `what`, run by
+/// `python` in `ns` with its path and `args(directory)` as arguments; ready once `ready` returns.
+pub(crate) fn python_server(
+    ns: &Netns,
+    what: &str,
+    python: &[&str],
+    source: &str,
+    args: impl FnOnce(&Path) -> Vec<String>,
+    ready: impl FnOnce() -> Result<()>,
+) -> Result<Server> {
+    let dir = scratch(ns, what)?;
+    let script = dir.join("server.py");
+    std::fs::write(&script, source)?;
+    let mut argv: Vec<String> = python.iter().map(|s| s.to_string()).collect();
+    argv.push(script.to_string_lossy().into_owned());
+    argv.extend(args(&dir));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let child = ns.spawn(&argv).with_context(|| format!("starting the {what} server"))?;
+    let server = Server { child, dir };
+    ready()?;
+    Ok(server)
+}
+
+/// What a Python client printed as `PIRATE <mean seconds> <requests>`.
+pub(crate) fn python_client_latency(what: &str, out: &str) -> Result<crate::clients::ClientLatency> {
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("PIRATE "))
+        .with_context(|| format!("{what} client printed:\n{out}"))?;
+    let Some((mean, requests)) = line.split_once(' ') else { bail!("{what} client printed {line:?}") };
+    Ok(crate::clients::ClientLatency { mean: mean.parse()?, requests: requests.parse()? })
+}
+
 /// A fresh directory of the server's own, named after it and its namespace.
 pub(crate) fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("{what}-{}-{}", ns.name(), std::process::id()));
@@ -36,6 +69,11 @@ pub(crate) fn scratch(ns: &Netns, what: &str) -> Result<PathBuf> {
 /// Waits until something listens on TCP `port` inside `ns`.
 pub(crate) fn wait_listening(ns: &Netns, port: u16) -> Result<()> {
     wait_bound(ns, "-Hltn", port)
+}
+
+/// Waits until a UDP socket is bound to `port` inside `ns`.
+pub(crate) fn wait_bound_udp(ns: &Netns, port: u16) -> Result<()> {
+    wait_bound(ns, "-Hlun", port)
 }
 
 /// Waits until `ss <flags>` (listening TCP or bound UDP sockets) lists `port` inside `ns`.
@@ -270,7 +308,7 @@ remote-control:
         .spawn()
         .context("starting unbound")?;
     let server = Server { child, dir };
-    wait_bound(ns, "-Hlun", 53)?;
+    wait_bound_udp(ns, 53)?;
     Ok(server)
 }
 

@@ -30,7 +30,8 @@ enum Task {
         args: Vec<String>,
     },
     /// Runs each cargo-fuzz target (fuzz/: the frame parser, the per-packet steps over a
-    /// replayed capture, the capture reader) for a while from its corpus in fuzz/corpus
+    /// replayed capture, the capture reader, the segment's peer messages and handshake,
+    /// /metrics' HTTP) for a while from its corpus in fuzz/corpus
     /// (new inputs go to a temporary directory); a crash fails, its input in fuzz/artifacts.
     /// `test` runs it too, 20 s a target.
     Fuzz {

@@ -33,7 +33,7 @@ enum Task {
     /// replayed capture, the capture reader, the segment's peer messages and handshake,
     /// /metrics' HTTP) for a while from its corpus in fuzz/corpus
     /// (new inputs go to a temporary directory); a crash fails, its input in fuzz/artifacts.
-    /// `test` runs it too, 20 s a target.
+    /// `test` runs it too, 10 s a target.
     Fuzz {
         /// Seconds per target.
         #[arg(long, default_value_t = 60)]
@@ -196,7 +196,7 @@ fn main() -> Result<()> {
                 .env("RUST_BACKTRACE", "0")
                 .env("RUST_LIB_BACKTRACE", "0"))?;
             if args.is_empty() {
-                fuzz(&[], 20)?;
+                fuzz(&[], 10)?;
             }
             Ok(())
         }

@@ -20,9 +20,17 @@ impl Held {
         Held { held: VecDeque::new(), total, per_source }
     }
 
+    /// Holds the connection from `ip` that `task` serves, closing (aborting) the one the limits
+    /// call for to make room for it; whether one was closed.
+    pub fn admit(&mut self, ip: IpAddr, task: AbortHandle) -> bool {
+        let closed = self.make_room(ip).map(|oldest| oldest.abort()).is_some();
+        self.hold(ip, task);
+        closed
+    }
+
     /// Makes room for a connection from `ip`: the task of the one to close for it, if the limits
     /// call for one (the oldest from its source, else the oldest of all).
-    pub fn make_room(&mut self, ip: IpAddr) -> Option<AbortHandle> {
+    fn make_room(&mut self, ip: IpAddr) -> Option<AbortHandle> {
         self.held.retain(|(_, task)| !task.is_finished());
         let source = source_of(ip);
         let oldest = match self.held.iter().filter(|(s, _)| *s == source).count() {
@@ -34,7 +42,7 @@ impl Held {
     }
 
     /// Holds the connection from `ip` that `task` serves.
-    pub fn hold(&mut self, ip: IpAddr, task: AbortHandle) {
+    fn hold(&mut self, ip: IpAddr, task: AbortHandle) {
         self.held.push_back((source_of(ip), task));
     }
 }

@@ -7,7 +7,7 @@
 //!
 //! Squares are taken around a centre (the first delay a counter takes) in units of 16 ns: a
 //! square of the delay itself, rounded to any unit the sums can hold, loses the variance of a
-//! flow whose spread is small beside its delay (9 µs on 110 µs read 0). Beyond the bounds below
+//! flow whose spread is small beside its delay. Beyond the bounds below
 //! (references further apart than `MAX_TAU`, more than `MAX_WAITING` packets of a flow between
 //! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre) a packet is counted by
 //! RLI-L alone, or not at all, and counted as `unsettled`.

@@ -376,7 +376,6 @@ impl Drop for Datapath {
     }
 }
 
-/// Every program of the chain pirated loads, the root first.
 /// The flow seed: the pinned one when the maps are reused, else one drawn from the kernel's
 /// random source (never 0, which says "none yet"), written before any program can see a packet.
 fn seed(ebpf: &mut aya::Ebpf, reuse: bool) -> anyhow::Result<u64> {
@@ -398,6 +397,7 @@ fn seed(ebpf: &mut aya::Ebpf, reuse: bool) -> anyhow::Result<u64> {
     Ok(seed)
 }
 
+/// Every program of the chain pirated loads, the root first.
 fn programs(layout: Layout) -> [&'static str; 6] {
     [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, lb::LB]
 }

@@ -88,18 +88,16 @@ pub async fn serve_on(listener: TcpListener, server: Server) {
                 continue;
             }
         };
-        if let Some(oldest) = held.make_room(peer.ip()) {
-            debug!(%peer, "metrics: too many connections, closed the oldest for this one");
-            oldest.abort();
-            server.refused.inc();
-        }
         let exposed = server.exposed.clone();
         let task = tokio::spawn(async move {
             if let Err(e) = serve_connection(stream, exposed).await {
                 debug!(%peer, "metrics connection: {e}");
             }
         });
-        held.hold(peer.ip(), task.abort_handle());
+        if held.admit(peer.ip(), task.abort_handle()) {
+            debug!(%peer, "metrics: too many connections, closed the oldest for this one");
+            server.refused.inc();
+        }
     }
 }
 

@@ -164,17 +164,15 @@ impl Link {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, from)) => {
-                            if let Some(evicted) = strangers.make_room(from.ip()) {
-                                evicted.abort();
-                                session.refuse(&from.to_string(), Refusal::new("busy", "a newer connection took the place of an older one's handshake".into()));
-                            }
-                            let (session, proving) = (session.clone(), proving.clone());
+                            let (verifying, proving) = (session.clone(), proving.clone());
                             let task = tokio::spawn(async move {
-                                if let Some(c) = session.verify(stream, from.to_string()).await {
+                                if let Some(c) = verifying.verify(stream, from.to_string()).await {
                                     let _ = proving.send((from.ip(), c)).await;
                                 }
                             });
-                            strangers.hold(from.ip(), task.abort_handle());
+                            if strangers.admit(from.ip(), task.abort_handle()) {
+                                session.refuse(&from.to_string(), Refusal::new("busy", "a newer connection took the place of an older one's handshake".into()));
+                            }
                         }
                         Err(e) => {
                             warn!("segment: accepting a peer connection: {e}");
@@ -182,17 +180,16 @@ impl Link {
                         }
                     },
                     Some((ip, c)) = proved.recv() => {
-                        if let Some(evicted) = proving_key.make_room(ip) {
-                            evicted.abort();
-                            session.refuse(&c.peer, Refusal::new("busy", "a newer connection that proved the key took the place of an older one".into()));
-                        }
-                        let (session, ready) = (session.clone(), ready.clone());
+                        let peer = c.peer.clone();
+                        let (finishing, ready) = (session.clone(), ready.clone());
                         let task = tokio::spawn(async move {
-                            if let Some(e) = session.finish(c).await {
+                            if let Some(e) = finishing.finish(c).await {
                                 let _ = ready.send(e).await;
                             }
                         });
-                        proving_key.hold(ip, task.abort_handle());
+                        if proving_key.admit(ip, task.abort_handle()) {
+                            session.refuse(&peer, Refusal::new("busy", "a newer connection that proved the key took the place of an older one".into()));
+                        }
                     }
                     Some(e) = established.recv() => {
                         if let Some(old) = current.take().filter(|old| !old.is_finished()) {

@@ -167,8 +167,7 @@ impl Settings {
         if acked < u16::MAX && flow.key.proto == IPPROTO_TCP && e.batches as f64 > MULTIPLEXED_ACKS * acked as f64 {
             return Err(NoFigure::Unanswered);
         }
-        let mean = |m: &Mode| m.sum_ns as f64 / m.count.max(1) as f64;
-        let ends_ns: f64 = e.ends.of(modes).map(|(i, n)| mean(&modes[i]) * n as f64).sum();
+        let ends_ns: f64 = e.ends.of(modes).map(|(i, n)| modes[i].mean_ns() * n as f64).sum();
         if (e.kept_ns as f64 - ends_ns) / e.batches as f64 > self.batches.rules.intra_batch_max_ns as f64 {
             return Err(NoFigure::LongBatches);
         }

@@ -56,7 +56,24 @@ pub const EVENT_SEGMENT_RECORDED: u32 = 19;
 /// full): if only one point saw it, its buckets cannot be repaired.
 pub const EVENT_SEGMENT_CACHE_LOST: u32 = 20;
 
-pub const COUNT: u32 = 21;
+/// Event: `rli` took a reference (its delay kept, the packet dropped) and handed it to pirated.
+pub const EVENT_RLI_TAKEN: u32 = 21;
+/// Event: a reference taken could not be handed to pirated (its ring full): interpolation used
+/// it, the segment's quantiles miss it.
+pub const EVENT_RLI_TAKEN_LOST: u32 = 22;
+/// Event: a packet to the reference port without a valid tag under the segment key (or too
+/// short to carry one): dropped, never used.
+pub const EVENT_RLI_FORGED: u32 = 23;
+/// Event: a reference whose sequence number was taken before (or is older than the window):
+/// dropped, never used.
+pub const EVENT_RLI_REPLAYED: u32 = 24;
+/// Event: a reference whose delay was beyond `rli.max_delay` either way: dropped, never used.
+pub const EVENT_RLI_STALE: u32 = 25;
+/// Event: a flow entered `rli`'s flow table; pirated deletes none, so those inserted but gone
+/// were evicted.
+pub const EVENT_RLI_FLOW_INSERTED: u32 = 26;
+
+pub const COUNT: u32 = 27;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -81,6 +98,12 @@ pub const NAMES: [&str; COUNT as usize] = [
     "lb_unforwarded",
     "segment_recorded",
     "segment_cache_lost",
+    "rli_taken",
+    "rli_taken_lost",
+    "rli_forged",
+    "rli_replayed",
+    "rli_stale",
+    "rli_flow_inserted",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

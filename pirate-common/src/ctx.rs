@@ -4,13 +4,17 @@
 
 use crate::key::{FlowId, FlowKey};
 
-/// `CHAIN` slot of `pirate` (inter-packet-gap modes). Capabilities run in slot order.
-pub const CHAIN_PIRATE: u32 = 0;
+/// `CHAIN` slot of `rli` (per-flow one-way delay from reference packets). Capabilities run in
+/// slot order; `rli` first, because it takes the reference packets out of the traffic before
+/// any other program counts them.
+pub const CHAIN_RLI: u32 = 0;
+/// `CHAIN` slot of `pirate` (inter-packet-gap modes).
+pub const CHAIN_PIRATE: u32 = 1;
 /// `CHAIN` slot of `fridge` (request→response delays).
-pub const CHAIN_FRIDGE: u32 = 1;
+pub const CHAIN_FRIDGE: u32 = 2;
 /// `CHAIN` slot of `segment` (two-point one-way latency banks).
-pub const CHAIN_SEGMENT: u32 = 2;
-/// Slots in `CHAIN`: `pirate`, `fridge`, `segment`, and one the next two-point program takes.
+pub const CHAIN_SEGMENT: u32 = 3;
+/// Slots in `CHAIN`: `rli`, `pirate`, `fridge`, `segment`.
 pub const CHAIN_SLOTS: u32 = 4;
 /// Slots in `FORWARD`, Katran's root-array convention: a balancer registers itself at a
 /// configured position (Katran's `rootMapPos`, default 2); the first filled slot takes the

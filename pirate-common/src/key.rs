@@ -1,10 +1,14 @@
 //! The flow key every capability shares (the root writes it into the packet context and the
 //! flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
 
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
 use crate::hash::{digest, words_hash};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
 
 /// Direction-aware 5-tuple: client→server and server→client are different flows.
 /// IPv4 addresses sit in the first 4 bytes of `src`/`dst`, the rest zero. 8-byte aligned so that
@@ -44,6 +48,32 @@ impl FlowKey {
     #[inline(always)]
     pub fn flow_hash(&self, seed: u64) -> u32 {
         words_hash(seed, self.words())
+    }
+
+    /// The source (the client of a client→server flow): address and port.
+    pub fn client(&self) -> SocketAddr {
+        SocketAddr::new(self.addr(&self.src), self.sport)
+    }
+
+    /// The destination (the server a client→server flow talks to): address and port.
+    pub fn server(&self) -> SocketAddr {
+        SocketAddr::new(self.addr(&self.dst), self.dport)
+    }
+
+    /// The transport's name, for reports.
+    pub fn proto_name(&self) -> &'static str {
+        match self.proto {
+            IPPROTO_TCP => "tcp",
+            IPPROTO_UDP => "udp",
+            _ => "other",
+        }
+    }
+
+    fn addr(&self, bytes: &[u8; 16]) -> IpAddr {
+        match self.family {
+            FAMILY_V4 => IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3])),
+            _ => IpAddr::V6(Ipv6Addr::from(*bytes)),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 /// The version of the maps' key and value layouts, part of the layout a restarted pirated must
 /// match to reuse pinned maps: bump it whenever a map's type, key or value changes.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// Parameters pirated writes once (`pirate::config::Params`).
 pub const CONFIG: &str = "CONFIG";
@@ -71,7 +71,19 @@ pub const SEGMENT_RDA: &str = "SEGMENT_RDA";
 /// The packets the RDA took (`segment::CacheEntry`), to pirated's packet cache.
 pub const SEGMENT_CACHE: &str = "SEGMENT_CACHE";
 
-pub const ALL: [&str; 28] = [
+/// RLI's reference check (`rli::reference::RliShape`), written by pirated.
+pub const RLI_SHAPE: &str = "RLI_SHAPE";
+/// The sequence numbers of the references taken (`rli::reference::Window`).
+pub const RLI_WINDOW: &str = "RLI_WINDOW";
+/// The last `rli::RING` references (`rli::Reference`, by sequence number modulo the ring), and
+/// in entry `rli::RING` the newest's sequence number.
+pub const RLI_REFS: &str = "RLI_REFS";
+/// Per-CPU per-flow counters (LRU, `key::FlowKey` → `rli::flow::RliFlow`).
+pub const RLI_FLOWS: &str = "RLI_FLOWS";
+/// The references taken (`rli::Taken`), to pirated.
+pub const RLI_TAKEN: &str = "RLI_TAKEN";
+
+pub const ALL: [&str; 33] = [
     CONFIG,
     SEED,
     EPOCH,
@@ -100,4 +112,9 @@ pub const ALL: [&str; 28] = [
     SEGMENT_LDA,
     SEGMENT_RDA,
     SEGMENT_CACHE,
+    RLI_SHAPE,
+    RLI_WINDOW,
+    RLI_REFS,
+    RLI_FLOWS,
+    RLI_TAKEN,
 ];

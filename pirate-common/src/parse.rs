@@ -50,8 +50,7 @@ const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
+pub use crate::key::{IPPROTO_TCP, IPPROTO_UDP};
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_ICMPV6: u8 = 58;
 /// ICMP echo types, request then reply, of ICMP and ICMPv6.

@@ -1,7 +1,9 @@
 //! pirated's XDP programs. `pirate_root` attaches to the interface, parses each frame once and
-//! tail-calls the enabled capabilities (`pirate`, `fridge`, `segment`) in `CHAIN` order, then the forwarder slots
+//! tail-calls the enabled capabilities (`rli`, `pirate`, `fridge`, `segment`) in `CHAIN` order, then the forwarder
+//! slots
 //! (Katran's balancer or the built-in `pirate_lb`), then passes.
-//! Measuring programs never drop or alter a packet: every failure is counted and passed on.
+//! Measuring programs never drop or alter a packet (but `rli`'s reference packets, which the
+//! upstream point sent to the downstream one): every failure is counted and passed on.
 #![no_std]
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
@@ -12,6 +14,7 @@ mod fridge;
 mod lb;
 mod maps;
 mod pirate;
+mod rli;
 mod root;
 mod segment;
 

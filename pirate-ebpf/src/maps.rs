@@ -7,17 +7,22 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use pirate_common::{
     counters,
     ctx::{PacketCtx, CHAIN_SLOTS, FORWARD_SLOTS},
     fridge::{Fridges, Slot, MAX_FRIDGES},
-    key::FlowId,
+    key::{FlowId, FlowKey},
     lb::{LbShape, RealCounters, VipKey, MAX_REALS, MAX_VIPS},
     pirate::{
         config::{Params, MODES_COMPACT, MODES_WIDE},
         table::Set,
+    },
+    rli::{
+        flow::RliFlow,
+        reference::{RliShape, Window},
+        Reference, RING,
     },
     segment::{lda::LdaCell, rda::RdaBucket, Seen, SegmentShape},
 };
@@ -111,6 +116,23 @@ pub static SEGMENT_RDA: PerCpuArray<RdaBucket> = PerCpuArray::pinned(1, 0);
 /// Packets the RDA took, to pirated's cache; pirated sizes it.
 #[map]
 pub static SEGMENT_CACHE: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// RLI's reference check, written by pirated (`port` 0: off).
+#[map]
+pub static RLI_SHAPE: Array<RliShape> = Array::pinned(1, 0);
+/// The sequence numbers of the references taken.
+#[map]
+pub static RLI_WINDOW: Array<Window> = Array::pinned(1, 0);
+/// The last `RING` references by sequence number modulo `RING`; entry `RING` holds the newest's
+/// sequence number.
+#[map]
+pub static RLI_REFS: Array<Reference> = Array::pinned(RING + 1, 0);
+/// Per-flow counters, per CPU (a flow's packets on one CPU settle on their own); pirated sizes it.
+#[map]
+pub static RLI_FLOWS: LruPerCpuHashMap<FlowKey, RliFlow> = LruPerCpuHashMap::pinned(1, 0);
+/// The references taken, to pirated (the segment's delay quantiles).
+#[map]
+pub static RLI_TAKEN: RingBuf = RingBuf::with_byte_size(1 << 18, 0);
 
 #[inline(always)]
 pub fn count(index: u32) {

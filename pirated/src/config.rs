@@ -12,6 +12,7 @@ use crate::{
     fridge::config::FridgeConfig,
     lb::config::LbConfig,
     pirate::config::PirateConfig,
+    rli::config::RliConfig,
     segment::config::{Role, SegmentConfig},
     value::{refuse, Dur, Invalid},
 };
@@ -33,6 +34,7 @@ pub struct Config {
     pub fridge: FridgeConfig,
     pub lb: LbConfig,
     pub segment: SegmentConfig,
+    pub rli: RliConfig,
     pub metrics: MetricsConfig,
 }
 
@@ -60,6 +62,7 @@ impl Default for Config {
             fridge: FridgeConfig::default(),
             lb: LbConfig::default(),
             segment: SegmentConfig::default(),
+            rli: RliConfig::default(),
             metrics: MetricsConfig::default(),
         }
     }
@@ -148,6 +151,8 @@ impl Config {
         self.fridge.validate()?;
         self.lb.validate()?;
         self.segment.validate()?;
+        self.rli.validate()?;
+        self.validate_rli()?;
         if both && self.segment.down_interface == self.interface {
             return refuse(
                 &["segment.down_interface"],
@@ -212,6 +217,61 @@ impl Config {
         })
     }
 
+    /// Whether this configuration's chain is a segment's downstream point: role "down", or the
+    /// downstream half of role "both" (`downstream_point`).
+    fn is_downstream_point(&self) -> bool {
+        match self.segment.role {
+            Role::Down => true,
+            Role::Both => self.interface == self.segment.down_interface,
+            _ => false,
+        }
+    }
+
+    /// What `[rli]` needs of the rest: a segment to ride on, a target for the upstream point's
+    /// references, and a port no traffic the configuration knows of uses.
+    fn validate_rli(&self) -> anyhow::Result<()> {
+        let rli = &self.rli;
+        if !rli.enabled {
+            return Ok(());
+        }
+        if self.segment.role == Role::Off {
+            return refuse(
+                &["rli.enabled", "segment.role"],
+                "rli.enabled = true without a segment: RLI measures between the segment's points (set [segment] \
+                 role, and its key_file for the references' tags)"
+                    .into(),
+            );
+        }
+        if self.segment.role != Role::Down && rli.target.is_none() {
+            return refuse(
+                &["rli.target", "rli.enabled"],
+                "rli.target is not set: the upstream point sends its references to an address routed the way the \
+                 measured traffic goes, through the downstream point (which takes them out)"
+                    .into(),
+            );
+        }
+        if rli.port < 1024 {
+            return refuse(
+                &["rli.port"],
+                format!(
+                    "rli.port = {}: a port below 1024 belongs to a service (53 DNS, 123 NTP, 443 QUIC…), and the \
+                     downstream point drops every UDP packet to rli.port",
+                    rli.port
+                ),
+            );
+        }
+        if let Some(vip) = self.lb.vips.iter().find(|v| v.address.port() == rli.port) {
+            return refuse(
+                &["rli.port"],
+                format!(
+                    "rli.port = {}: VIP {} takes that port, and the downstream point drops every UDP packet to rli.port",
+                    rli.port, vip.address
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// What the datapath loads, attaches and pins for this configuration.
     pub fn datapath(&self) -> Spec {
         Spec {
@@ -224,6 +284,7 @@ impl Config {
             fridge: self.fridge.spec(),
             lb: self.lb.spec(),
             segment: self.segment.spec(),
+            rli: self.rli.spec(self.is_downstream_point()),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod buffer;
 pub mod capture;
+pub mod clock;
 pub mod config;
 pub mod datapath;
 pub mod epoch;
@@ -15,6 +16,7 @@ pub mod limit;
 pub mod metrics;
 pub mod parallel;
 pub mod pirate;
+pub mod psk;
 pub mod rli;
 pub mod rng;
 pub mod segment;

@@ -11,8 +11,17 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use pirated::{
-    capture::CaptureReader, config::Config, datapath::Datapath, epoch, json::JsonLines, lb::balancer::Balancer,
-    metrics, segment, source::live::Live,
+    capture::CaptureReader,
+    clock,
+    config::Config,
+    datapath::{Datapath, Spec},
+    epoch,
+    json::JsonLines,
+    lb::balancer::Balancer,
+    metrics, psk,
+    rli::{self, live::Injector},
+    segment::{self, config::Role},
+    source::live::Live,
 };
 
 /// Passive response-latency measurement on a live interface, from client→server packets only.
@@ -153,13 +162,13 @@ fn main() {
         None => run(cli.run),
         Some(Command::Run(args)) => run(args.or(cli.run)),
         Some(Command::Check { config }) => check(config.or(cli.run.config)),
-        Some(Command::Keygen { file }) => segment::key::Psk::write_new(&file),
+        Some(Command::Keygen { file }) => psk::Psk::write_new(&file),
         Some(Command::Detach { config }) => detach(config.or(cli.run.config)),
         Some(Command::Replay { pcap, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| epoch::replay(&c, CaptureReader::open(&pcap)?, &mut std::io::stdout().lock())),
         Some(Command::ReplaySegment { up, down, tai_offset, config }) => load(config.or(cli.run.config).as_ref())
             .and_then(|c| {
-                let offset = tai_offset.map_or_else(segment::clock::tai_offset_ns, |s| s * 1_000_000_000);
+                let offset = tai_offset.map_or_else(clock::tai_offset_ns, |s| s * 1_000_000_000);
                 let (up, down) = (CaptureReader::open(&up)?, CaptureReader::open(&down)?);
                 segment::replay::run(&c.segment, up, down, offset, &mut std::io::stdout().lock())
             }),
@@ -226,25 +235,37 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             true => Some(JsonLines::spawn().context("starting the JSON lines writer")?),
             false => None,
         };
-        let mut dp = Datapath::attach(&config.datapath())?;
-        let down = config.downstream_point().map(|d| d.datapath());
-        let segment = segment::live::spawn(
-            &config.segment,
-            down,
-            &mut dp,
-            segment_metrics(&metrics),
-            lines.as_ref().map(|l| l.lines()),
-        )
-        .await?;
+        let rli_key = rli_key(&config)?;
+        let keyed = |mut spec: Spec| {
+            spec.rli.shape.key = rli_key.unwrap_or_default();
+            spec
+        };
+        let mut dp = Datapath::attach(&keyed(config.datapath()))?;
+        let mut down = config.downstream_point().map(|d| Datapath::attach(&keyed(d.datapath()))).transpose()?;
+        let lines_of = || lines.as_ref().map(|l| l.lines());
+        let interval_ns = config.segment.interval.as_nanos();
+        let rli_down = match (&mut down, config.segment.role) {
+            _ if !config.rli.enabled => None,
+            (Some(down), _) => Some(down.take_rli()?),
+            (None, Role::Down) => Some(dp.take_rli()?),
+            _ => None,
+        }
+        .map(|maps| rli::live::spawn_downstream(maps, interval_ns, lines_of()));
+        let _injector = match (rli_key, config.segment.role) {
+            (Some(key), Role::Up | Role::Both) => Some(Injector::start(&config.rli, key)?),
+            _ => None,
+        };
+        let segment =
+            segment::live::spawn(&config.segment, down, &mut dp, segment_metrics(&metrics), lines_of()).await?;
         let forwarder = config.lb.enabled().then(|| dp.take_lb()).transpose()?;
         let mut live = Live::new(dp, &config)?;
         let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
         let server = tokio::spawn(metrics::http::serve_on(listener, metrics.lock().unwrap().server()));
         let result = epoch::run(&config, &mut live, balancer, metrics, lines.as_ref(), shutdown).await;
         server.abort();
-        if let Some(segment) = segment {
-            segment.abort();
-            let _ = segment.await;
+        for task in [segment, rli_down].into_iter().flatten() {
+            task.abort();
+            let _ = task.await;
         }
         if let Some(lines) = lines {
             lines.finish(std::time::Duration::from_secs(2));
@@ -253,6 +274,19 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         drop(live);
         result
     })
+}
+
+/// The key RLI's references are tagged with, if `[rli]` is on: derived from the segment key
+/// (read from its file), or with both points in this pirated from a key drawn for this run.
+fn rli_key(config: &Config) -> anyhow::Result<Option<[u64; 2]>> {
+    if !config.rli.enabled {
+        return Ok(None);
+    }
+    let psk = match config.segment.role {
+        Role::Both => psk::Psk::generate().context("drawing a key for the references")?,
+        _ => config.segment.key()?,
+    };
+    Ok(Some(rli::live::tag_key(&psk)))
 }
 
 /// The segment's families in `metrics`, reached under its lock.

@@ -18,7 +18,7 @@
 use std::{path::PathBuf, sync::Mutex};
 
 use anyhow::Result;
-use pirated::segment::key::Psk;
+use pirated::psk::Psk;
 
 use crate::{
     linkem::EmuLink,

@@ -335,6 +335,10 @@ fn stopping_keeps_the_chain_attached_and_detach_removes_it() -> Result<()> {
         "LB_SHAPE",
         "LB_VIPS",
         "PIRATE_FLOW",
+        "RLI_FLOWS",
+        "RLI_REFS",
+        "RLI_SHAPE",
+        "RLI_WINDOW",
         "SEED",
         "SEGMENT_LDA",
         "SEGMENT_RDA",
@@ -483,10 +487,11 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
     let segment = defaults.segment.spec();
     let (lda, rda) = (segment.lda_entries, segment.rda_entries);
     let expected = format!(
-        "layout-v{}-compact-flows1024-fridge{}-lb1x{}-segment{lda}x{rda}",
+        "layout-v{}-compact-flows1024-fridge{}-lb1x{}-segment{lda}x{rda}-rli{}",
         pirate_common::maps::LAYOUT_VERSION,
         defaults.fridge.shape().slots(),
-        defaults.lb.max_connections
+        defaults.lb.max_connections,
+        defaults.rli.spec(false).max_flows
     );
     ensure!(marker(&after) == [expected], "markers {:?} (before {:?})", marker(&after), marker(&before));
     ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");

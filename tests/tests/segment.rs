@@ -28,10 +28,10 @@ use pirate_tests::{
 };
 use pirated::{
     capture::read_all,
+    clock::{self, tai_offset_ns},
+    psk::Psk,
     segment::{
         channel::{self, Initiator},
-        clock::{self, tai_offset_ns},
-        key::Psk,
         reconcile::NO_UPSTREAM,
         wire::Message,
     },

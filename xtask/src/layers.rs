@@ -47,6 +47,8 @@ pub const CRATES: &[Layers] = &[
             ("", 0, Shared),
             ("value", 0, Shared),
             ("rng", 0, Shared),
+            ("clock", 0, Shared),
+            ("psk", 0, Shared),
             ("parallel", 0, Shared),
             ("histogram", 0, Shared),
             ("buffer", 0, Shared),

@@ -1,6 +1,6 @@
 //! The one place that loads, attaches and pins the XDP chain (`pirate_root`, which attaches, and
 //! the capability programs it tail-calls through `CHAIN`), advances the epoch, and hands each
-//! capability the handle of its own maps (`pirate`, `fridge`, `lb`, `segment`: each also sizes
+//! capability the handle of its own maps (`pirate`, `fridge`, `lb`, `segment`, `rli`: each also sizes
 //! and configures its maps at load). `table` maps `pirate`'s flow table into the daemon;
 //! `test_run` and `percpu` are the kernel calls pirated makes without aya (`bpf_call`).
 
@@ -15,6 +15,7 @@ pub mod pins;
 pub mod pirate;
 mod privileges;
 pub mod ring;
+pub mod rli;
 pub mod segment;
 pub mod spec;
 pub mod table;
@@ -39,7 +40,7 @@ use aya::{
 };
 use pirate_common::{
     counters,
-    ctx::{CHAIN_FRIDGE, CHAIN_PIRATE, CHAIN_SEGMENT},
+    ctx::{CHAIN_FRIDGE, CHAIN_PIRATE, CHAIN_RLI, CHAIN_SEGMENT},
     maps,
     pirate::layout::Layout,
 };
@@ -51,6 +52,7 @@ use pins::PinDir;
 use pirate::PirateMaps;
 pub use privileges::NEEDS_ROOT;
 use privileges::{has_capability, CAP_PERFMON};
+use rli::RliMaps;
 use segment::SegmentMaps;
 pub use spec::{AttachMode, OnExit, Spec};
 
@@ -66,10 +68,13 @@ const ROOT: &str = "pirate_root";
 const FRIDGE: &str = "fridge";
 /// The segment capability's program.
 const SEGMENT: &str = "segment";
+/// The RLI capability's program.
+const RLI: &str = "rli";
 
 /// A measuring program of the chain, at its `CHAIN` slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Capability {
+    Rli,
     Pirate,
     Fridge,
     Segment,
@@ -83,6 +88,7 @@ pub struct Datapath {
     pirate: ProgramFd,
     fridge: ProgramFd,
     segment: ProgramFd,
+    rli: ProgramFd,
     /// The epoch the datapath was in when loaded (the pinned one, on a restart).
     epoch: u32,
     /// The flow seed: drawn with the maps, the pinned one on a restart.
@@ -119,6 +125,9 @@ impl Datapath {
     /// epoch they hold, if `reuse` (a restart); else created and pinned.
     fn load_pinned(spec: &Spec, dir: &Path, reuse: bool) -> anyhow::Result<Datapath> {
         let layout = spec.pirate.layout;
+        if spec.rli.enabled && spec.rli.shape.key == [0; 2] {
+            bail!("rli without the references' key: the datapath would take references anyone can forge");
+        }
         // Before 5.11 the maps count against the locked-memory limit.
         let memlock = memlock::raise().ok().flatten();
         let mut loader = EbpfLoader::new();
@@ -127,6 +136,7 @@ impl Datapath {
         fridge::size(&mut loader, &spec.fridge);
         lb::size(&mut loader, &spec.lb);
         segment::size(&mut loader, &spec.segment);
+        rli::size(&mut loader, &spec.rli);
         let mut ebpf = loader.load(OBJECT).map_err(|e| match e {
             aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
                 if io_error.raw_os_error() == Some(libc::EPERM) =>
@@ -165,12 +175,15 @@ impl Datapath {
         // packet on.
         fridge::configure(&mut ebpf, &spec.fridge)?;
         segment::configure(&mut ebpf, &spec.segment)?;
+        rli::configure(&mut ebpf, &spec.rli)?;
         let pirate_program: &Xdp = ebpf.program(layout.program()).unwrap().try_into()?;
         let pirate = pirate_program.fd()?.try_clone().context("duplicating the pirate program's descriptor")?;
         let fridge_program: &Xdp = ebpf.program(FRIDGE).unwrap().try_into()?;
         let fridge = fridge_program.fd()?.try_clone().context("duplicating the fridge program's descriptor")?;
         let segment_program: &Xdp = ebpf.program(SEGMENT).unwrap().try_into()?;
         let segment = segment_program.fd()?.try_clone().context("duplicating the segment program's descriptor")?;
+        let rli_program: &Xdp = ebpf.program(RLI).unwrap().try_into()?;
+        let rli = rli_program.fd()?.try_clone().context("duplicating the rli program's descriptor")?;
         let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow!("reading {path}: {e}"))?;
         let mut dp = Datapath {
             ebpf,
@@ -178,6 +191,7 @@ impl Datapath {
             pirate,
             fridge,
             segment,
+            rli,
             epoch,
             seed,
             pins: None,
@@ -187,6 +201,7 @@ impl Datapath {
         dp.chain(Capability::Pirate, true)?;
         dp.chain(Capability::Fridge, spec.fridge.enabled)?;
         dp.chain(Capability::Segment, spec.segment.enabled)?;
+        dp.chain(Capability::Rli, spec.rli.enabled)?;
         Ok(dp)
     }
 
@@ -197,6 +212,7 @@ impl Datapath {
             Capability::Pirate => (CHAIN_PIRATE, &self.pirate),
             Capability::Fridge => (CHAIN_FRIDGE, &self.fridge),
             Capability::Segment => (CHAIN_SEGMENT, &self.segment),
+            Capability::Rli => (CHAIN_RLI, &self.rli),
         };
         let mut chain = ProgramArray::try_from(self.ebpf.map_mut(maps::CHAIN).unwrap())?;
         if on {
@@ -346,6 +362,11 @@ impl Datapath {
         LbMaps::take(&mut self.ebpf, self.cpus, self.seed)
     }
 
+    /// RLI's maps, for the downstream point (once).
+    pub fn take_rli(&mut self) -> anyhow::Result<RliMaps> {
+        RliMaps::take(&mut self.ebpf)
+    }
+
     /// The segment's maps, for the point that reads its banks (once).
     pub fn take_segment(&mut self) -> anyhow::Result<SegmentMaps> {
         SegmentMaps::take(&mut self.ebpf, self.spec.segment.shape, self.cpus)
@@ -398,8 +419,8 @@ fn seed(ebpf: &mut aya::Ebpf, reuse: bool) -> anyhow::Result<u64> {
 }
 
 /// Every program of the chain pirated loads, the root first.
-fn programs(layout: Layout) -> [&'static str; 6] {
-    [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, lb::LB]
+fn programs(layout: Layout) -> [&'static str; 7] {
+    [ROOT, layout.program(), layout.flow_program(), FRIDGE, SEGMENT, RLI, lb::LB]
 }
 
 fn attach(program: &mut Xdp, iface: &str, mode: AttachMode) -> anyhow::Result<(XdpLinkId, &'static str)> {

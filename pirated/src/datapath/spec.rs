@@ -6,6 +6,7 @@ use pirate_common::{
     fridge::Fridges,
     maps,
     pirate::{config::Params, layout::Layout},
+    rli::reference::RliShape,
     segment::SegmentShape,
 };
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,7 @@ pub struct Spec {
     pub fridge: Fridge,
     pub lb: Lb,
     pub segment: Segment,
+    pub rli: Rli,
 }
 
 /// Pirate's flow table and parameters.
@@ -64,6 +66,16 @@ pub struct Segment {
     pub cache_ring_bytes: u32,
 }
 
+/// RLI's reference check and flow table at the downstream point.
+#[derive(Clone, Copy, Debug)]
+pub struct Rli {
+    /// Chained: this host is a segment's downstream point with RLI on.
+    pub enabled: bool,
+    pub shape: RliShape,
+    pub max_flows: u32,
+    pub ring_bytes: u32,
+}
+
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachMode {
@@ -92,13 +104,14 @@ impl Spec {
     pub fn layout_tag(&self) -> String {
         let (lda, rda) = (self.segment.lda_entries, self.segment.rda_entries);
         format!(
-            "v{}-{:?}-flows{}-fridge{}-lb{}x{}-segment{lda}x{rda}",
+            "v{}-{:?}-flows{}-fridge{}-lb{}x{}-segment{lda}x{rda}-rli{}",
             maps::LAYOUT_VERSION,
             self.pirate.layout,
             self.pirate.max_flows,
             self.fridge.shape.slots(),
             self.lb.ring_entries,
             self.lb.max_connections,
+            self.rli.max_flows,
         )
         .to_lowercase()
     }

@@ -26,7 +26,7 @@ use crate::{
     fridge::{self, report::FridgeReport},
     lb::{self, balancer::LbEpoch},
     pirate::{self, report::EpochReport},
-    segment,
+    rli, segment,
     source::Kernel,
 };
 
@@ -39,6 +39,7 @@ pub struct Metrics {
     registry: Registry,
     pirate: pirate::metrics::Metrics,
     fridge: fridge::metrics::Metrics,
+    rli: rli::metrics::Metrics,
     lb: lb::metrics::Metrics,
     /// The segment's families, which its own task publishes.
     pub segment: segment::metrics::Metrics,
@@ -62,11 +63,13 @@ impl Metrics {
         let mut registry = Registry::with_prefix("pirated");
         let pirate = pirate::metrics::Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
         let fridge = fridge::metrics::Metrics::register(&mut registry);
+        let rli = rli::metrics::Metrics::register(&mut registry);
         let lb = lb::metrics::Metrics::register(&mut registry);
         let segment = segment::metrics::Metrics::register(&mut registry);
         let m = Metrics {
             pirate,
             fridge,
+            rli,
             lb,
             segment,
             last_epoch: Gauge::default(),
@@ -147,6 +150,7 @@ impl Metrics {
         if let Some(lb) = lb {
             self.lb.publish(lb);
         }
+        self.rli.publish(&delta);
         for (d, name) in delta.iter().zip(counters::NAMES).take(counters::OUTCOMES as usize) {
             self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(*d);
         }

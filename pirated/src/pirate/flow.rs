@@ -3,13 +3,11 @@
 
 use std::{
     fmt,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     ops::{Deref, DerefMut},
 };
 
 use pirate_common::{
-    key::{FlowKey, FAMILY_V4},
-    parse::{IPPROTO_TCP, IPPROTO_UDP},
+    key::FlowKey,
     pirate::{
         batch_break::ModeView,
         config::MODES_WIDE,
@@ -183,31 +181,6 @@ impl FlowEpoch {
         let n = m.used();
         (0..n).all(|i| m.lo[i] <= m.hi[i] && m.count[i] > 0 && m.candidates[i] <= m.count[i])
             && (1..n).all(|i| m.hi[i - 1] < m.lo[i])
-    }
-}
-
-pub fn client(key: &FlowKey) -> SocketAddr {
-    SocketAddr::new(addr(key.family, &key.src), key.sport)
-}
-
-/// The server a client→server flow talks to: destination address and port.
-pub fn server(key: &FlowKey) -> SocketAddr {
-    SocketAddr::new(addr(key.family, &key.dst), key.dport)
-}
-
-pub fn proto_name(key: &FlowKey) -> &'static str {
-    match key.proto {
-        IPPROTO_TCP => "tcp",
-        IPPROTO_UDP => "udp",
-        _ => "other",
-    }
-}
-
-fn addr(family: u8, bytes: &[u8; 16]) -> IpAddr {
-    if family == FAMILY_V4 {
-        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(*bytes))
     }
 }
 

@@ -12,7 +12,7 @@ use crate::pirate::{
         span::Span,
         Estimates, Estimator, FlowEstimate, NoFigure, Rule, Settings,
     },
-    flow::{client, proto_name, server, FlowEpoch},
+    flow::FlowEpoch,
 };
 
 /// The per-flow vectors an epoch's report fills besides the flows, kept from one epoch to the
@@ -78,7 +78,7 @@ impl EpochReport {
             let modes = flow.modes();
             let est = settings.flow(flow, &modes, want_paper, want_batches);
             share.discarded += flow.discarded;
-            let at = server(&flow.key);
+            let at = flow.key.server();
             if let Some(reason) = est.withheld(estimator) {
                 share.withheld.push((at, reason));
             }
@@ -142,9 +142,9 @@ impl EpochReport {
             let line = FlowLine {
                 kind: "flow",
                 epoch: self.epoch,
-                proto: proto_name(&f.key),
-                client: client(&f.key).to_string(),
-                server: server(&f.key).to_string(),
+                proto: f.key.proto_name(),
+                client: f.key.client().to_string(),
+                server: f.key.server().to_string(),
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
                 no_figure: r.withheld(self.estimator).map(NoFigure::name),

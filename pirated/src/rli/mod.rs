@@ -1,19 +1,28 @@
 //! RLI, reference latency interpolation (Lee, Duffield, Kompella, SIGCOMM 2010): per-flow one-way
 //! latency across the segment from reference packets whose delay the downstream point measures
-//! exactly, every other packet's delay estimated from the references around it. In progress: the
-//! estimators over a packet trace, the segment's quantiles from its references, and the
-//! synthetic queue the benchmark runs them on; the datapath's per-flow counters are in
-//! `pirate_common::rli`; injection at U and the surfaces come next (docs/method.md).
+//! exactly, every other packet's delay estimated from the references around it. The upstream
+//! point's injector and the downstream point's task (`live`), its section (`config`), each
+//! interval's per-flow figures from the datapath's counters (`drain`, `pirate_common::rli`),
+//! the JSON lines and metrics; the estimators over a packet trace, the segment's quantiles from
+//! its references, and the synthetic queue the benchmark runs them on (docs/method.md).
 
+pub mod config;
+pub mod drain;
 pub mod interpolate;
+pub mod live;
+pub mod metrics;
 pub mod quantiles;
+pub mod report;
 pub mod synthetic;
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
-    use pirate_common::rli::{Reference, RliFlow, SQ_SHIFT};
+    use pirate_common::rli::{
+        flow::{RliFlow, SQ_SHIFT},
+        Reference,
+    };
 
     use super::{
         interpolate::estimate,
@@ -46,7 +55,7 @@ mod tests {
             // after the last one cannot, and the estimators leave them out too.
             flow.settle(|seq| ring.get(&seq).copied());
             unsettled += flow.unsettled;
-            let counted = |c: &pirate_common::rli::Counters| {
+            let counted = |c: &pirate_common::rli::flow::Counters| {
                 let n = c.packets as f64;
                 let mean = c.sum_ns as f64 / n;
                 let sq = c.sum_sq as f64 * (1u64 << (2 * SQ_SHIFT)) as f64 / n;

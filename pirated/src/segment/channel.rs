@@ -19,10 +19,8 @@ use std::sync::Arc;
 use snow::{Builder, HandshakeState, StatelessTransportState};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::{
-    key::Psk,
-    wire::{Message, Refusal, HEADER, HELLO_BODY},
-};
+use super::wire::{Message, Refusal, HEADER, HELLO_BODY};
+use crate::psk::Psk;
 
 /// The Noise protocol, in Noise's own naming.
 pub const PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";

@@ -11,9 +11,9 @@ use pirate_common::segment::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::key::Psk;
 use crate::{
     datapath::{ring, spec},
+    psk::Psk,
     value::{refuse, Dur},
 };
 

@@ -19,7 +19,6 @@ use tokio::{net::TcpListener, task::JoinHandle};
 use tracing::{debug, info, warn};
 
 use super::{
-    clock,
     config::{Role, SegmentConfig},
     metrics::Shared,
     peer::Link,
@@ -29,7 +28,8 @@ use super::{
     wire::{Message, Record},
 };
 use crate::{
-    datapath::{Capability, Datapath, Spec},
+    clock,
+    datapath::{Capability, Datapath},
     json::Lines,
 };
 
@@ -41,10 +41,10 @@ fn settle(shape: &SegmentShape) -> Duration {
 
 /// Starts the segment's task if `[segment]` gives this pirated a role. The downstream point's
 /// listener is bound here, so a busy address fails the start; with role `both`, the downstream
-/// point's chain (`down`) is attached here, the two points linked in memory.
+/// point's chain (`down`, attached) measures the segment alone, the two points linked in memory.
 pub async fn spawn(
     segment: &SegmentConfig,
-    down: Option<Spec>,
+    down: Option<Datapath>,
     dp: &mut Datapath,
     metrics: Shared,
     lines: Option<Lines>,
@@ -69,13 +69,12 @@ pub async fn spawn(
     };
     let run: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> = match segment.role {
         Role::Both => {
-            let down_spec = down.context("role both without a downstream point")?;
-            let mut down_dp = Datapath::attach(&down_spec)?;
+            let mut down_dp = down.context("role both without a downstream point")?;
             down_dp.chain(Capability::Pirate, false)?;
             let (up_link, down_link) = Link::pair();
             let up = state(true, dp.take_segment()?, up_link)?;
             let down = state(false, down_dp.take_segment()?, down_link)?;
-            info!(up = %dp.interface(), down = %down_spec.interface, "segment: both points in this pirated");
+            info!(up = %dp.interface(), down = %down_dp.interface(), "segment: both points in this pirated");
             Box::pin(async move {
                 // Its chain stays attached while the points run.
                 let _down_dp = down_dp;

@@ -3,9 +3,7 @@
 //! each point records per packet), and the synthetic traces the benchmarks run on.
 
 pub mod channel;
-pub mod clock;
 pub mod config;
-pub mod key;
 pub mod lda;
 pub mod live;
 pub mod metrics;

@@ -33,11 +33,9 @@ use tracing::{debug, info, warn};
 
 use super::{
     channel::{self, Initiator, Opener, Responder, Sealer, MAX_ANSWER},
-    clock,
-    key::Psk,
     wire::{Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
 };
-use crate::limit::Held;
+use crate::{clock, limit::Held, psk::Psk};
 
 /// Intervals a message may be away from this point's current one.
 const WINDOW: u64 = 4;

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use pirate_common::segment::{CacheEntry, SegmentShape};
 
-use super::{clock, reconcile::Caches, wire::Record};
-use crate::datapath::segment::SegmentMaps;
+use super::{reconcile::Caches, wire::Record};
+use crate::{clock, datapath::segment::SegmentMaps};
 
 /// The packet cache: per interval, each packet the RDA took and its timestamp, up to `limit`
 /// packets an interval (the rest counted, and their buckets not repairable).

@@ -194,7 +194,7 @@ mod tests {
     };
 
     use super::{super::FlowEstimate, *};
-    use crate::pirate::{config::PirateConfig, flow::server};
+    use crate::pirate::config::PirateConfig;
 
     /// Flows of 37 servers in three shares, through the numberings and the laid-out spans, give
     /// each server what its flows give gathered one server at a time in the flows' order.
@@ -232,14 +232,14 @@ mod tests {
             let mut share = Numbering::default();
             for i in part {
                 let est = estimates[i];
-                numbered.push(Estimates { server: share.add(server(&flows[i].key), &flows[i].modes(), &est), ..est });
+                numbered.push(Estimates { server: share.add(flows[i].key.server(), &flows[i].modes(), &est), ..est });
             }
             shares.push(share);
         }
         let got = per_server(&shares, &flows, &numbered, &mut Vec::new(), settings.epsilon);
 
         let mut by_server: BTreeMap<SocketAddr, Vec<usize>> = BTreeMap::new();
-        (0..flows.len()).for_each(|i| by_server.entry(server(&flows[i].key)).or_default().push(i));
+        (0..flows.len()).for_each(|i| by_server.entry(flows[i].key.server()).or_default().push(i));
         for (k, which) in WHICH.into_iter().enumerate() {
             let want: Vec<ServerEstimate> = by_server
                 .iter()

@@ -1,7 +1,8 @@
 //! The segment's pre-shared key: 256 random bits, written by `pirated keygen` as 64 hex digits
 //! into a file that only its owner may read. The key authenticates the points to each other
-//! (the channel's handshake mixes it in), so it is kept out of the configuration file (often
-//! readable by all), never printed, and zeroed when dropped.
+//! (the channel's handshake mixes it in; RLI's reference tags use a key derived from it), so
+//! it is kept out of the configuration file (often readable by all), never printed, and zeroed
+//! when dropped.
 
 use std::{
     io::{Read, Write},
@@ -28,6 +29,15 @@ impl Psk {
         let mut key = Psk::new([0; BYTES]);
         crate::rng::fill_random(&mut *key.0)?;
         Ok(key)
+    }
+
+    /// A key for `purpose` alone, derived from this one (BLAKE2s keyed by it, over the
+    /// purpose): knowing a derived key tells nothing of this one or of another purpose's.
+    pub fn derive(&self, purpose: &str) -> Zeroizing<[u8; BYTES]> {
+        use blake2::digest::{KeyInit, Mac};
+        let mut mac = <blake2::Blake2sMac256 as KeyInit>::new_from_slice(&*self.0).expect("a 32-byte key fits BLAKE2s");
+        mac.update(purpose.as_bytes());
+        Zeroizing::new(mac.finalize().into_bytes().into())
     }
 
     pub fn bytes(&self) -> &[u8; BYTES] {

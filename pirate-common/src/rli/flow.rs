@@ -1,0 +1,162 @@
+//! RLI's per-flow counters at the downstream point, in integers the datapath can afford (no
+//! floating point, 64-bit products only, no division by a value the packet controls): per flow,
+//! packets, Σ delay and Σ delay² by the left reference (RLI-L) and by interpolation between the
+//! references before and after each packet (RLI). The packets after the newest reference cannot
+//! be interpolated yet: they wait in three sums (how many, Σ τ, Σ τ², τ their time since that
+//! reference), which the next reference settles, since Σ (d_L + s·τ)² expands into them.
+//!
+//! Squares are taken around a centre (the first delay a counter takes) in units of 16 ns: a
+//! square of the delay itself, rounded to any unit the sums can hold, loses the variance of a
+//! flow whose spread is small beside its delay. Beyond the bounds below
+//! (references further apart than `MAX_TAU`, more than `MAX_WAITING` packets of a flow between
+//! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre) a packet is counted by
+//! RLI-L alone, or not at all, and counted as `unsettled`.
+
+/// τ's unit: 64 ns.
+pub const TAU_SHIFT: u32 = 6;
+/// The longest τ interpolated, in `TAU_SHIFT` units: references at most 4.19 ms apart.
+pub const MAX_TAU: u64 = 1 << 16;
+/// The most packets of one flow between two references.
+pub const MAX_WAITING: u64 = 1 << 10;
+/// Squared deviations in units of 16 ns, squared.
+pub const SQ_SHIFT: u32 = 4;
+/// The largest deviation from a counter's centre, and change of delay between two references,
+/// taken: ±268 ms.
+pub const MAX_SPREAD_NS: i64 = 1 << 28;
+
+/// The paper's three counters, the squares around a centre: packets, Σ delay (ns), Σ (delay −
+/// centre)² (`SQ_SHIFT` units), and the centre (the first delay taken).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub packets: u64,
+    pub sum_ns: i64,
+    pub sum_sq: u64,
+    pub centre_ns: i64,
+}
+
+impl Counters {
+    /// `delay - centre` in `SQ_SHIFT` units, the centre set by the first delay; `None` beyond
+    /// `MAX_SPREAD_NS`.
+    #[inline(always)]
+    fn deviation(&mut self, delay_ns: i64) -> Option<i64> {
+        if self.packets == 0 {
+            self.centre_ns = delay_ns;
+        }
+        let off = delay_ns.checked_sub(self.centre_ns)?;
+        (off.unsigned_abs() < MAX_SPREAD_NS as u64).then(|| units(off))
+    }
+
+    /// One packet of delay `delay_ns`; false (nothing counted) beyond the bounds.
+    #[inline(always)]
+    fn add(&mut self, delay_ns: i64) -> bool {
+        let Some(u) = self.deviation(delay_ns) else { return false };
+        self.packets += 1;
+        self.sum_ns = self.sum_ns.wrapping_add(delay_ns);
+        self.sum_sq = self.sum_sq.saturating_add((u * u) as u64);
+        true
+    }
+
+    /// `k` packets interpolated on the line from `left_ns` changing by `delta_ns` over the span,
+    /// whose Σ τ/span and Σ τ²/span² are `x1` and `x2` (2^-16 units, each at most `k`).
+    #[inline(always)]
+    fn add_line(&mut self, k: u64, left_ns: i64, delta_ns: i64, x1: i64, x2: i64) -> bool {
+        let Some(a) = self.deviation(left_ns) else { return false };
+        // Σ e, e = Δd·τ/span each: in ns, then units.
+        let e1 = (delta_ns * x1) >> 16;
+        let (e1u, dd) = (units(e1), units(delta_ns));
+        // Σ (a + e)² = k·a² + 2·a·Σe + Σe², with Σe² = Δd²·x2.
+        let sq = k as i64 * a * a + 2 * a * e1u + dd * ((dd * x2) >> 16);
+        self.packets += k;
+        self.sum_ns = self.sum_ns.wrapping_add((k as i64).wrapping_mul(left_ns).wrapping_add(e1));
+        self.sum_sq = self.sum_sq.saturating_add(sq.max(0) as u64);
+        true
+    }
+}
+
+/// A reference packet as the downstream point took it: its sequence number, its arrival (ns,
+/// the datapath's monotonic clock, which regular packets are stamped on too) and its delay
+/// (ns, the points' shared clock: TAI).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reference {
+    pub seq: u64,
+    pub at_ns: u64,
+    pub delay_ns: i64,
+}
+
+/// One flow's counters at the downstream point.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RliFlow {
+    /// By interpolation (RLI).
+    pub rli: Counters,
+    /// By the left reference (RLI-L).
+    pub left: Counters,
+    /// The reference the waiting packets follow (meaningful while `waiting` > 0).
+    pub after_seq: u64,
+    /// The packets waiting for the next reference: how many, Σ τ, Σ τ² (`TAU_SHIFT` units).
+    pub waiting: u64,
+    pub tau: u64,
+    pub tau_sq: u64,
+    /// Packets RLI could not interpolate (outside the bounds, or their right reference lost).
+    pub unsettled: u64,
+}
+
+impl RliFlow {
+    /// A regular packet of the flow, arriving at `at_ns`, where `newest` is the newest reference
+    /// the point has and `reference(seq)` finds an earlier one (the ring keeps a few). A packet
+    /// before any reference counts nowhere.
+    #[inline(always)]
+    pub fn on_packet(&mut self, at_ns: u64, newest: Option<Reference>, reference: impl Fn(u64) -> Option<Reference>) {
+        let Some(newest) = newest else { return };
+        if self.waiting > 0 && self.after_seq != newest.seq {
+            self.settle(reference);
+        }
+        let tau = at_ns.saturating_sub(newest.at_ns) >> TAU_SHIFT;
+        if !self.left.add(newest.delay_ns) || tau >= MAX_TAU || self.waiting >= MAX_WAITING {
+            self.unsettled += 1;
+            return;
+        }
+        self.after_seq = newest.seq;
+        self.waiting += 1;
+        self.tau += tau;
+        self.tau_sq += tau * tau;
+    }
+
+    /// Settles the waiting packets on the reference after theirs, if `reference` has it (else
+    /// they stay unsettled: RLI-L counted them).
+    #[inline(always)]
+    pub fn settle(&mut self, reference: impl Fn(u64) -> Option<Reference>) {
+        if self.waiting == 0 {
+            return;
+        }
+        let (k, tau, tau_sq) = (self.waiting, self.tau, self.tau_sq);
+        (self.waiting, self.tau, self.tau_sq) = (0, 0, 0);
+        let (Some(l), Some(r)) = (reference(self.after_seq), reference(self.after_seq + 1)) else {
+            self.unsettled += k;
+            return;
+        };
+        let span = r.at_ns.saturating_sub(l.at_ns) >> TAU_SHIFT;
+        let delta = r.delay_ns.checked_sub(l.delay_ns).filter(|d| d.unsigned_abs() < MAX_SPREAD_NS as u64);
+        // Each τ within the span (arrivals in order), which bounds the products below.
+        let within = tau <= k * span && tau_sq <= k * span * span;
+        let (Some(delta), 1..MAX_TAU, true) = (delta, span, within) else {
+            self.unsettled += k;
+            return;
+        };
+        // Σ τ / span and Σ τ² / span², in 2^-16 units: each at most k.
+        let x1 = ((tau << 16) / span) as i64;
+        let x2 = (((tau_sq / span) << 16) / span) as i64;
+        if !self.rli.add_line(k, l.delay_ns, delta, x1, x2) {
+            self.unsettled += k;
+        }
+    }
+}
+
+/// `delay_ns` in `SQ_SHIFT` units, rounded to the nearest (truncating would take half a unit
+/// off every deviation, a bias of the deviation's size times the unit once squared).
+#[inline(always)]
+fn units(delay_ns: i64) -> i64 {
+    (delay_ns + (1 << (SQ_SHIFT - 1))) >> SQ_SHIFT
+}

@@ -1,0 +1,165 @@
+//! `[rli]`: per-flow one-way delay across the segment from reference packets. It rides on the
+//! segment's points (`[segment]`'s role, key and interval): the upstream point sends the
+//! references, the downstream point takes them out of the traffic and reports each flow's delay
+//! every interval. What it must agree with elsewhere, the top level checks.
+
+use std::{net::IpAddr, time::Duration};
+
+use pirate_common::rli::reference::{RliShape, PAYLOAD};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    datapath::{ring, spec},
+    value::{refuse, Dur},
+};
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RliConfig {
+    pub enabled: bool,
+    /// The UDP destination port of the references: the downstream point drops every packet to
+    /// it, so no traffic may use it.
+    pub port: u16,
+    /// Where the upstream point sends references: an address its routes send the way the
+    /// measured traffic goes, through the downstream point (which takes them out before they
+    /// reach it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<IpAddr>,
+    /// One reference every `period` (the paper's 1-in-τ).
+    pub period: Dur,
+    /// The segment's capacity in bits per second, and the most of it references may take.
+    pub link_bps: u64,
+    pub max_share: f64,
+    /// A reference delayed more than this, either way, is refused as stale.
+    pub max_delay: Dur,
+    /// Flows the downstream point's table holds (LRU: the least recent one makes room).
+    pub max_flows: u32,
+    pub ring_bytes: u32,
+}
+
+impl Default for RliConfig {
+    fn default() -> Self {
+        RliConfig {
+            enabled: false,
+            port: 9466,
+            target: None,
+            period: Dur(Duration::from_millis(1)),
+            link_bps: 1_000_000_000,
+            max_share: 0.002,
+            max_delay: Dur(Duration::from_secs(1)),
+            max_flows: 65536,
+            ring_bytes: 256 << 10,
+        }
+    }
+}
+
+/// A reference's bytes on an Ethernet wire: preamble and gap (20), Ethernet (14), IPv6 (40, the
+/// larger header), UDP (8), payload, frame check (4).
+pub const WIRE_BYTES: u64 = 20 + 14 + 40 + 8 + PAYLOAD as u64 + 4;
+
+/// The largest flow table and ring.
+const MAX_FLOWS: u32 = 1 << 24;
+const MAX_RING: u32 = 64 << 20;
+
+impl RliConfig {
+    /// The share of `link_bps` the references take.
+    pub fn share(&self) -> f64 {
+        WIRE_BYTES as f64 * 8.0 / self.period.0.as_secs_f64() / self.link_bps as f64
+    }
+
+    /// Checks the section's own values; an error names the keys it is about.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.port == 0 {
+            return refuse(&["rli.port"], "rli.port = 0: references need a UDP port, 1..=65535".into());
+        }
+        if self.period.0 < Duration::from_micros(10) || self.period.0 > Duration::from_secs(1) {
+            return refuse(&["rli.period"], format!("rli.period = {}: must be between 10us and 1s", self.period));
+        }
+        if self.link_bps == 0 {
+            return refuse(&["rli.link_bps"], "rli.link_bps = 0: the segment's capacity, in bits per second".into());
+        }
+        if !(self.max_share > 0.0 && self.max_share <= 0.1) {
+            return refuse(&["rli.max_share"], format!("rli.max_share = {}: must be in (0, 0.1]", self.max_share));
+        }
+        if self.share() > self.max_share {
+            let least = Duration::from_secs_f64(WIRE_BYTES as f64 * 8.0 / (self.max_share * self.link_bps as f64));
+            return refuse(
+                &["rli.period", "rli.max_share", "rli.link_bps"],
+                format!(
+                    "rli.period = {}: references of {WIRE_BYTES} bytes would take {:.3} % of rli.link_bps = {}, \
+                     above rli.max_share = {} %: a period of at least {} keeps within it",
+                    self.period,
+                    self.share() * 100.0,
+                    self.link_bps,
+                    self.max_share * 100.0,
+                    humantime::format_duration(Duration::from_micros(least.as_micros() as u64 + 1)),
+                ),
+            );
+        }
+        if self.max_delay.0 < Duration::from_millis(1) || self.max_delay.0 > Duration::from_secs(60) {
+            return refuse(
+                &["rli.max_delay"],
+                format!("rli.max_delay = {}: must be between 1ms and 60s", self.max_delay),
+            );
+        }
+        if self.max_flows == 0 || self.max_flows > MAX_FLOWS {
+            return refuse(&["rli.max_flows"], format!("rli.max_flows = {}: must be 1..={MAX_FLOWS}", self.max_flows));
+        }
+        if let Some(why) = ring::bytes_refusal(self.ring_bytes, MAX_RING) {
+            return refuse(&["rli.ring_bytes"], format!("rli.ring_bytes = {}: {why}", self.ring_bytes));
+        }
+        Ok(())
+    }
+
+    /// What the datapath of a point loads: `rli` chained at the downstream point only. The
+    /// tag's key is not here: it comes of the key file, which the one who attaches reads
+    /// (`spec::Rli::key`; the datapath refuses to chain `rli` without one).
+    pub fn spec(&self, downstream: bool) -> spec::Rli {
+        let enabled = self.enabled && downstream;
+        spec::Rli {
+            enabled,
+            shape: RliShape {
+                key: [0; 2],
+                max_delay_ns: self.max_delay.as_nanos(),
+                port: if self.enabled { self.port } else { 0 },
+                _pad: [0; 6],
+            },
+            // One entry where `rli` is not chained: maps are never empty, and a table of
+            // per-CPU counters takes memory whether used or not.
+            max_flows: if enabled { self.max_flows } else { 1 },
+            ring_bytes: self.ring_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    const DOWN: &str = "[segment]\nrole = \"down\"\nkey_file = \"k\"\n";
+
+    /// RLI needs a segment, a target at the upstream point, a port no service uses and a
+    /// period within its share of the link; each refusal names the line.
+    #[test]
+    fn rli_needs_a_segment_a_target_and_a_free_port_within_its_share() {
+        let e = err("[rli]\nenabled = true\n");
+        assert!(e.starts_with("line 2: rli.enabled = true without a segment"), "{e}");
+        let up = "[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey_file = \"k\"\n[rli]\nenabled = true\n";
+        assert!(err(up).starts_with("line 6: rli.target is not set"), "{}", err(up));
+        let e = err(&format!("{DOWN}[rli]\nenabled = true\nport = 53\n"));
+        assert!(e.starts_with("line 6: rli.port = 53") && e.contains("drops every UDP packet"), "{e}");
+        let e = err(&format!("{DOWN}[rli]\nenabled = true\nperiod = \"100us\"\n"));
+        assert!(e.starts_with("line 6: rli.period = 100us") && e.contains("at least 473us"), "{e}");
+        let e = err(&format!("{DOWN}[rli]\nenabled = true\nlink_bps = 10000000000\nperiod = \"20us\"\n"));
+        assert!(e.starts_with("line 7: rli.period = 20us") && e.contains("at least 48us"), "{e}");
+        let down = Config::parse(&format!("{DOWN}[rli]\nenabled = true\n")).unwrap();
+        let spec = down.datapath().rli;
+        assert!(spec.enabled && spec.shape.port == 9466 && spec.shape.key == [0; 2]);
+        let up = Config::parse(&format!("{up}target = \"10.0.0.1\"\n")).unwrap();
+        assert!(!up.datapath().rli.enabled, "the upstream point chains no rli");
+    }
+}

@@ -1,0 +1,162 @@
+//! What the downstream point reads of RLI each interval: every flow's counters, per CPU, turned
+//! into the interval's figures (what each counter gained since the last read). A flow's
+//! packets waiting for the reference after theirs are settled here on a copy when that
+//! reference has come (the datapath settles them only at the flow's next packet, which an ended
+//! flow never sends); the datapath's own settling later gives the same sums, which the copy
+//! kept as the baseline, so nothing is counted twice.
+
+use std::collections::HashMap;
+
+use pirate_common::{
+    key::FlowKey,
+    rli::{
+        flow::{Counters, RliFlow, SQ_SHIFT},
+        Reference,
+    },
+};
+
+/// Delay figures of one estimator over a flow's packets of the interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Figures {
+    pub packets: u64,
+    pub mean_ns: Option<f64>,
+    pub std_dev_ns: Option<f64>,
+}
+
+/// One flow's interval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlowFigures {
+    pub key: FlowKey,
+    /// By interpolation between the references around each packet.
+    pub rli: Figures,
+    /// By the reference before each packet (RLI-L): it counts the packets still waiting too.
+    pub left: Figures,
+    /// Packets RLI could not interpolate in the interval (RLI-L counted them).
+    pub unsettled: u64,
+}
+
+/// The counters as last read, per flow and CPU.
+#[derive(Default)]
+pub struct Drain {
+    previous: HashMap<FlowKey, Vec<RliFlow>>,
+}
+
+impl Drain {
+    /// The interval's figures of every flow that had packets in it, from the table as read
+    /// now and the references the ring holds.
+    pub fn read(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference]) -> Vec<FlowFigures> {
+        let refs: HashMap<u64, Reference> = references.iter().map(|r| (r.seq, *r)).collect();
+        let mut out = Vec::new();
+        let mut previous = HashMap::with_capacity(flows.len());
+        for (key, mut cpus) in flows {
+            for flow in &mut cpus {
+                if flow.waiting > 0 && refs.contains_key(&(flow.after_seq + 1)) {
+                    flow.settle(|seq| refs.get(&seq).copied());
+                }
+            }
+            let before = self.previous.remove(&key).unwrap_or_default();
+            let (mut rli, mut left, mut unsettled) = (Merge::default(), Merge::default(), 0);
+            for (cpu, now) in cpus.iter().enumerate() {
+                let was = before.get(cpu).copied().unwrap_or_default();
+                rli.add(&gained(&now.rli, &was.rli));
+                left.add(&gained(&now.left, &was.left));
+                unsettled += now.unsettled.saturating_sub(was.unsettled);
+            }
+            if left.packets > 0 || rli.packets > 0 {
+                out.push(FlowFigures { key, rli: rli.figures(), left: left.figures(), unsettled });
+            }
+            previous.insert(key, cpus);
+        }
+        self.previous = previous;
+        out
+    }
+}
+
+/// What `now` gained over `was`: the whole of it if the counter started again (its flow was
+/// evicted and came back, on another centre).
+fn gained(now: &Counters, was: &Counters) -> Counters {
+    if now.packets < was.packets || (was.packets > 0 && now.centre_ns != was.centre_ns) {
+        return *now;
+    }
+    Counters {
+        packets: now.packets - was.packets,
+        sum_ns: now.sum_ns.wrapping_sub(was.sum_ns),
+        sum_sq: now.sum_sq.saturating_sub(was.sum_sq),
+        centre_ns: now.centre_ns,
+    }
+}
+
+/// Counters of several CPUs, each around its own centre, merged around the first one's.
+#[derive(Default)]
+struct Merge {
+    packets: u64,
+    sum: f64,
+    /// Σ (d − centre)², ns².
+    sq: f64,
+    centre: Option<f64>,
+}
+
+impl Merge {
+    fn add(&mut self, c: &Counters) {
+        if c.packets == 0 {
+            return;
+        }
+        let (n, sum, ci) = (c.packets as f64, c.sum_ns as f64, c.centre_ns as f64);
+        let sq = c.sum_sq as f64 * (1u64 << (2 * SQ_SHIFT)) as f64;
+        let centre = *self.centre.get_or_insert(ci);
+        // Σ (d − c)² = Σ (d − cᵢ)² + 2 (cᵢ − c) Σ (d − cᵢ) + n (cᵢ − c)².
+        let shift = ci - centre;
+        self.sq += sq + 2.0 * shift * (sum - n * ci) + n * shift * shift;
+        self.sum += sum;
+        self.packets += c.packets;
+    }
+
+    fn figures(&self) -> Figures {
+        let Some(centre) = self.centre.filter(|_| self.packets > 0) else { return Figures::default() };
+        let n = self.packets as f64;
+        let mean = self.sum / n;
+        let variance = (self.sq / n - (mean - centre).powi(2)).max(0.0);
+        Figures { packets: self.packets, mean_ns: Some(mean), std_dev_ns: (self.packets > 1).then(|| variance.sqrt()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(port: u16) -> FlowKey {
+        FlowKey { sport: port, dport: 80, proto: 6, family: 4, ..Default::default() }
+    }
+
+    /// Each read gives what the counters gained since the last, merged over CPUs whatever
+    /// their centres; an ended flow's waiting packets count once the reference after them is
+    /// in the ring, and not again when the datapath settles them itself.
+    #[test]
+    fn each_interval_counts_what_it_gained_once() {
+        let refs =
+            [Reference { seq: 1, at_ns: 0, delay_ns: 1000 }, Reference { seq: 2, at_ns: 64_000, delay_ns: 3000 }];
+        let mut flow = RliFlow::default();
+        let newest = |n: u64| refs.iter().copied().find(|r| r.seq == n);
+        // Two packets a quarter and three quarters of the way: 1500 and 2500 ns.
+        flow.on_packet(16_000, newest(1), newest);
+        flow.on_packet(48_000, newest(1), newest);
+        let mut other = RliFlow::default();
+        other.on_packet(32_000, newest(1), newest);
+        let mut drain = Drain::default();
+        // Only the first reference has come: RLI-L counts, RLI waits.
+        let first = drain.read(vec![(key(1), vec![flow, other])], &refs[..1]);
+        assert_eq!((first[0].left.packets, first[0].left.mean_ns), (3, Some(1000.0)));
+        assert_eq!(first[0].rli.packets, 0);
+        // The second has: the three settle here (1500, 2500 and 2000 ns, two CPUs).
+        let second = drain.read(vec![(key(1), vec![flow, other])], &refs);
+        let rli = second[0].rli;
+        assert_eq!((rli.packets, second[0].left.packets), (3, 0));
+        assert!((rli.mean_ns.unwrap() - 2000.0).abs() < 1.0, "{rli:?}");
+        assert!((rli.std_dev_ns.unwrap() - (500_000.0f64 / 3.0).sqrt()).abs() < 16.0, "{rli:?}");
+        // The datapath settles them later itself: nothing new.
+        for f in [&mut flow, &mut other] {
+            f.settle(newest);
+        }
+        assert_eq!(drain.read(vec![(key(1), vec![flow, other])], &refs), vec![]);
+    }
+}

@@ -6,7 +6,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pirated::segment::{channel, key::Psk, wire::Message};
+use pirated::{
+    psk::Psk,
+    segment::{channel, wire::Message},
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(message) = Message::decode(data) {

@@ -250,13 +250,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             (None, Role::Down) => Some(dp.take_rli()?),
             _ => None,
         }
-        .map(|maps| rli::live::spawn_downstream(maps, interval_ns, lines_of()));
+        .map(|maps| rli::live::spawn_downstream(maps, interval_ns, shared(&metrics, |m| &m.rli), lines_of()));
         let _injector = match (rli_key, config.segment.role) {
             (Some(key), Role::Up | Role::Both) => Some(Injector::start(&config.rli, key)?),
             _ => None,
         };
         let segment =
-            segment::live::spawn(&config.segment, down, &mut dp, segment_metrics(&metrics), lines_of()).await?;
+            segment::live::spawn(&config.segment, down, &mut dp, shared(&metrics, |m| &m.segment), lines_of()).await?;
         let forwarder = config.lb.enabled().then(|| dp.take_lb()).transpose()?;
         let mut live = Live::new(dp, &config)?;
         let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
@@ -289,12 +289,16 @@ fn rli_key(config: &Config) -> anyhow::Result<Option<[u64; 2]>> {
     Ok(Some(rli::live::tag_key(&psk)))
 }
 
-/// The segment's families in `metrics`, reached under its lock.
-fn segment_metrics(metrics: &Arc<Mutex<metrics::Metrics>>) -> segment::metrics::Shared {
+/// How a capability's task reaches its families (`segment::metrics::Shared`, `rli::metrics::Shared`).
+type Families<T> = Arc<dyn Fn(&mut dyn FnMut(&T)) + Send + Sync>;
+
+/// A capability's families in `metrics` (`pick`), for a task of its own: reached under the
+/// registry's lock, the exposition encoded again after each use.
+fn shared<T: 'static>(metrics: &Arc<Mutex<metrics::Metrics>>, pick: fn(&metrics::Metrics) -> &T) -> Families<T> {
     let metrics = metrics.clone();
     Arc::new(move |f| {
         let m = metrics.lock().unwrap();
-        f(&m.segment);
+        f(pick(&m));
         m.expose();
     })
 }

@@ -1,16 +1,33 @@
 //! RLI's datapath at the downstream point, run in the kernel with BPF_PROG_TEST_RUN: references
 //! with a valid tag are taken (their delay kept, the packet dropped); forged, replayed and
 //! stale ones are dropped and counted, never used; every other packet passes unchanged into its
-//! flow's counters, interpolated between the references around it.
+//! flow's counters, interpolated between the references around it. Live on the two-point
+//! testbed: each flow's delay through a queue against captures at both points.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::UdpSocket,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use anyhow::{ensure, Result};
 use pirate_common::{counters, rli::reference::seal};
+use pirate_tests::{
+    capture::Capture,
+    linkem::{probe::Probes, LinkSpec},
+    pairs::quantile,
+    testbed::{metric, Pirated},
+    twopoint::{self, TwoPoint, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+};
 use pirated::{
-    clock,
+    capture::read_all,
+    clock::{self, tai_offset_ns},
     config::Config,
     datapath::{test_run::test_run, Datapath},
     rli::drain::Drain,
 };
+use serde_json::Value;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -118,5 +135,213 @@ fn references_are_checked_taken_and_used_and_nothing_else_is_dropped() -> Result
     let (lo, hi) = (first.delay_ns.min(second.delay_ns) as f64, first.delay_ns.max(second.delay_ns) as f64);
     let mean = f.rli.mean_ns.unwrap();
     ensure!(mean >= lo - 16.0 && mean <= hi + 16.0, "RLI {f:?} outside {lo}..{hi}");
+    Ok(())
+}
+
+/// Flows measured on the testbed, one per destination port from this one on.
+const FLOW_PORT: u16 = 9000;
+const FLOWS: u16 = 4;
+
+/// A point's configuration with RLI on: references every millisecond (5 % of the 20 Mbit/s
+/// queue below), to the receiver.
+fn live_config(role: &str) -> Result<String> {
+    let key = twopoint::key_file()?;
+    Ok(format!(
+        "[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
+         key_file = \"{}\"\ninterval = \"1s\"\n[rli]\nenabled = true\ntarget = \"{RECEIVER_IP}\"\nperiod = \"1ms\"\n\
+         link_bps = 20000000\nmax_share = 0.05\n",
+        key.display()
+    ))
+}
+
+/// Each probe's delay from U's capture to D's: per measured flow (by destination port), and per
+/// interval (by its arrival at D, on TAI).
+type Captured = (BTreeMap<u16, Vec<f64>>, BTreeMap<i64, Vec<f64>>);
+
+fn captured_delays(up: Vec<(u64, Vec<u8>)>, down: Vec<(u64, Vec<u8>)>) -> Captured {
+    let probes = |frames: Vec<(u64, Vec<u8>)>| -> HashMap<(u16, u64), u64> {
+        frames
+            .into_iter()
+            .filter(|(_, f)| f.len() >= 50 && f[12..14] == [8, 0] && f[23] == 17)
+            .map(|(ts, f)| {
+                ((u16::from_be_bytes([f[36], f[37]]), u64::from_le_bytes(f[42..50].try_into().unwrap())), ts)
+            })
+            .filter(|((port, _), _)| (FLOW_PORT..FLOW_PORT + FLOWS).contains(port))
+            .collect()
+    };
+    let (up, down) = (probes(up), probes(down));
+    let (mut flows, mut intervals): Captured = Default::default();
+    let offset = tai_offset_ns();
+    for (id, sent) in &up {
+        if let Some(arrived) = down.get(id) {
+            let delay = *arrived as f64 - *sent as f64;
+            flows.entry(id.0).or_default().push(delay);
+            intervals.entry((*arrived as i64 + offset) / 1_000_000_000).or_default().push(delay);
+        }
+    }
+    (flows, intervals)
+}
+
+/// Mean and standard deviation of `x`.
+fn moments(x: &[f64]) -> (f64, f64) {
+    let mean = x.iter().sum::<f64>() / x.len() as f64;
+    (mean, (x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt())
+}
+
+/// A flow's `segment_flow` lines merged over the run, for `estimator` ("rli" or "rli_l"):
+/// packets, mean and standard deviation.
+fn merged(lines: &[Value], port: u16, estimator: &str) -> (u64, f64, f64) {
+    let server = format!("{RECEIVER_IP}:{port}");
+    let (mut n, mut sum, mut sq) = (0u64, 0.0, 0.0);
+    for l in lines.iter().filter(|l| l["type"] == "segment_flow" && l["server"] == server.as_str()) {
+        let e = &l[estimator];
+        let k = e["packets"].as_u64().unwrap_or(0);
+        if k == 0 {
+            continue;
+        }
+        let (mean, std) = (e["mean_ns"].as_f64().unwrap(), e["std_dev_ns"].as_f64().unwrap_or(0.0));
+        n += k;
+        sum += k as f64 * mean;
+        sq += k as f64 * (std * std + mean * mean);
+    }
+    let mean = sum / n.max(1) as f64;
+    (n, mean, (sq / n.max(1) as f64 - mean * mean).max(0.0).sqrt())
+}
+
+/// Two pirated instances on the two-point testbed, a 20 Mbit/s token bucket on the segment
+/// filled by bursts of cross traffic (queueing delay rising by 34 ms and falling every 100 ms)
+/// and four probe flows through it, references every ms: each flow's one-way delay, merged
+/// over its `segment_flow` lines, within 2 % (mean) and 5 % (std-dev) of the captures at both
+/// points, by RLI and RLI-L, every packet counted; the segment's p99 and std-dev from the
+/// references within 10 % of the probes' in every interval the probes fill, its mean within
+/// 5 %; no reference refused, none reaching the receiver.
+#[test]
+fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
+    let tb = TwoPoint::new()?;
+    let emulator = tb.segment.start(&"delay=1ms".parse()?, &LinkSpec::default(), 3)?;
+    tb.up.run(&[
+        "tc", "qdisc", "add", "dev", "u-d", "root", "tbf", "rate", "20mbit", "burst", "8kb", "limit", "400kb",
+    ])?;
+    let mut down = Pirated::start(&tb.down, DOWN_IF, &live_config("down")?)?;
+    let mut up = Pirated::start(&tb.up, UP_IF, &live_config("up")?)?;
+    tb.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
+    down.wait_for(Duration::from_secs(30), |l| {
+        l["type"] == "segment_references" && l["references"].as_u64() > Some(100)
+    })?;
+    // Anything reaching the receiver on the reference port would be a reference D let through.
+    let leaked = tb.receiver.run_in(|| UdpSocket::bind(format!("{RECEIVER_IP}:9466")))??;
+    leaked.set_nonblocking(true)?;
+    let filter = ["-Q", "in", "udp", "dst", "portrange", "9000-9003"];
+    let mut captures = [Capture::start(&tb.up, UP_IF, &filter)?, Capture::start(&tb.down, DOWN_IF, &filter)?];
+    let probes =
+        Probes { count: 4000, gap: Duration::from_millis(1), payload: 200, settle: Duration::from_millis(500) };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| -> Result<()> {
+        // Cross traffic: 60 datagrams of 1400 bytes at once every 100 ms (34 ms of the queue),
+        // from a second before the probes to a second after them.
+        let cross = s.spawn(|| -> Result<()> {
+            let socket = tb.sender.run_in(|| UdpSocket::bind(format!("{SENDER_IP}:0")))??;
+            socket.connect(format!("{RECEIVER_IP}:9100"))?;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..60 {
+                    let _ = socket.send(&[0u8; 1400]);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        });
+        // The queue's cycle a second long before the probes start: every interval they span,
+        // in part or whole, sees the same delays.
+        std::thread::sleep(Duration::from_secs(1));
+        let runs: Vec<_> = (0..FLOWS)
+            .map(|i| {
+                let probes = probes.clone();
+                let (tb, dst) = (&tb, format!("{RECEIVER_IP}:{}", FLOW_PORT + i));
+                s.spawn(move || probes.run(&tb.sender, SENDER_IP.parse()?, &tb.receiver, dst.parse()?))
+            })
+            .collect();
+        for run in runs {
+            run.join().expect("a probe run panicked")?;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, Ordering::Relaxed);
+        cross.join().expect("the cross traffic panicked")
+    })?;
+    for c in &mut captures {
+        c.stop()?;
+    }
+    let after = (clock::now() / 1_000_000_000) as i64 + 1;
+    down.wait_for(Duration::from_secs(5), |l| {
+        l["type"] == "segment_references" && l["interval"].as_i64() >= Some(after)
+    })?;
+    // U first: references it sends once D stopped and detached would go through.
+    up.stop()?;
+    std::thread::sleep(Duration::from_millis(50));
+    let metrics = down.metrics(&tb.down)?;
+    let lines = down.stop()?;
+    emulator.stop()?;
+    ensure!(leaked.recv(&mut [0u8; 64]).is_err(), "a reference reached the receiver");
+    for outcome in ["forged", "replayed", "stale"] {
+        let refused = metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
+        ensure!(refused == 0.0, "{refused} references refused as {outcome}");
+    }
+
+    let (truth, intervals) = captured_delays(read_all(captures[0].path())?, read_all(captures[1].path())?);
+    ensure!(truth.len() == FLOWS as usize, "captured flows: {:?}", truth.keys());
+    // The segment's delay per interval from the references, against every probe's in it (the
+    // probes, like the references, spread evenly over time).
+    let mut judged = 0;
+    for line in lines.iter().filter(|l| l["type"] == "segment_references") {
+        let Some(delays) = intervals.get(&line["interval"].as_i64().unwrap()) else { continue };
+        if delays.len() < 3000 {
+            continue;
+        }
+        let mut delays = delays.clone();
+        let (mean, std) = moments(&delays);
+        let p99 = quantile(&mut delays, 0.99);
+        let refs = |k: &str| line[k].as_f64().unwrap();
+        let ref_p99 = line["quantiles"][2]["delay_ns"].as_f64().unwrap();
+        println!(
+            "interval {}: {} probes {:.3} ± {:.3} ms, p99 {:.3} ms; {} references {:.3} ± {:.3} ms, p99 {:.3} ms",
+            line["interval"],
+            delays.len(),
+            mean / 1e6,
+            std / 1e6,
+            p99 / 1e6,
+            line["references"],
+            refs("mean_ns") / 1e6,
+            refs("std_dev_ns") / 1e6,
+            ref_p99 / 1e6
+        );
+        let off = |x: f64, t: f64| (x / t - 1.0).abs();
+        ensure!(off(ref_p99, p99) < 0.1, "p99 off in interval {}", line["interval"]);
+        ensure!(off(refs("std_dev_ns"), std) < 0.1 && off(refs("mean_ns"), mean) < 0.05, "{line}");
+        judged += 1;
+    }
+    ensure!(judged >= 2, "{judged} intervals judged");
+    for (port, delays) in &truth {
+        let (mean, std) = moments(delays);
+        let (n, rli_mean, rli_std) = merged(&lines, *port, "rli");
+        let (n_l, left_mean, left_std) = merged(&lines, *port, "rli_l");
+        let err = |x: f64, t: f64| (x / t - 1.0) * 100.0;
+        println!(
+            "flow to {port}: {} packets, {:.3} ± {:.3} ms; RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
+            delays.len(),
+            mean / 1e6,
+            std / 1e6,
+            rli_mean / 1e6,
+            rli_std / 1e6,
+            err(rli_mean, mean),
+            err(rli_std, std),
+            left_mean / 1e6,
+            left_std / 1e6,
+            err(left_mean, mean),
+            err(left_std, std),
+        );
+        ensure!(n as f64 >= 0.99 * delays.len() as f64, "RLI interpolated {n} of {} packets", delays.len());
+        ensure!(n_l as usize == delays.len(), "RLI-L counted {n_l} of {} packets", delays.len());
+        ensure!(err(rli_mean, mean).abs() < 2.0 && err(rli_std, std).abs() < 5.0, "RLI off");
+        ensure!(err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0, "RLI-L off");
+    }
     Ok(())
 }

@@ -14,8 +14,11 @@
 
 /// τ's unit: 64 ns.
 pub const TAU_SHIFT: u32 = 6;
-/// The longest τ interpolated, in `TAU_SHIFT` units: references at most 4.19 ms apart.
-pub const MAX_TAU: u64 = 1 << 16;
+/// The longest τ interpolated, in `TAU_SHIFT` units: references at most 1.07 s apart at D
+/// (one a second, or a queue that grew by tens of ms between two, still interpolated: leaving
+/// such packets out would leave out the slowest). The products below stay within 63 bits: Σ τ²
+/// over `MAX_WAITING` packets, and `waiting` × span², are at most 2^58.
+pub const MAX_TAU: u64 = 1 << 24;
 /// The most packets of one flow between two references.
 pub const MAX_WAITING: u64 = 1 << 10;
 /// Squared deviations in units of 16 ns, squared.

@@ -39,7 +39,8 @@ pub struct Metrics {
     registry: Registry,
     pirate: pirate::metrics::Metrics,
     fridge: fridge::metrics::Metrics,
-    rli: rli::metrics::Metrics,
+    /// RLI's families: its counters published with the epoch, its intervals by its own task.
+    pub rli: rli::metrics::Metrics,
     lb: lb::metrics::Metrics,
     /// The segment's families, which its own task publishes.
     pub segment: segment::metrics::Metrics,

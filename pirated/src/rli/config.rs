@@ -6,6 +6,8 @@
 use std::{net::IpAddr, time::Duration};
 
 use pirate_common::rli::reference::{RliShape, PAYLOAD};
+
+use super::inject::{Injection, Schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -25,8 +27,11 @@ pub struct RliConfig {
     /// reach it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<IpAddr>,
-    /// One reference every `period` (the paper's 1-in-τ).
+    /// How references are spaced: every `period` (1-in-τ), every `packets` packets of the egress
+    /// interface (1-in-n), or by utilisation (`period` the longest gap).
+    pub injection: Injection,
     pub period: Dur,
+    pub packets: u64,
     /// The segment's capacity in bits per second, and the most of it references may take.
     pub link_bps: u64,
     pub max_share: f64,
@@ -43,7 +48,9 @@ impl Default for RliConfig {
             enabled: false,
             port: 9466,
             target: None,
+            injection: Injection::Period,
             period: Dur(Duration::from_millis(1)),
+            packets: 1000,
             link_bps: 1_000_000_000,
             max_share: 0.002,
             max_delay: Dur(Duration::from_secs(1)),
@@ -62,9 +69,19 @@ const MAX_FLOWS: u32 = 1 << 24;
 const MAX_RING: u32 = 64 << 20;
 
 impl RliConfig {
-    /// The share of `link_bps` the references take.
+    /// The share of `link_bps` references one `period` apart take.
     pub fn share(&self) -> f64 {
         WIRE_BYTES as f64 * 8.0 / self.period.0.as_secs_f64() / self.link_bps as f64
+    }
+
+    /// The shortest gap between two references: at it, they take `max_share` of `link_bps`.
+    pub fn ceiling_ns(&self) -> u64 {
+        (WIRE_BYTES as f64 * 8.0 / (self.max_share * self.link_bps as f64) * 1e9).ceil() as u64
+    }
+
+    /// The upstream point's schedule.
+    pub fn schedule(&self) -> Schedule {
+        Schedule::new(self.injection, self.period.as_nanos(), self.ceiling_ns(), self.packets, self.link_bps)
     }
 
     /// Checks the section's own values; an error names the keys it is about.
@@ -81,7 +98,10 @@ impl RliConfig {
         if !(self.max_share > 0.0 && self.max_share <= 0.1) {
             return refuse(&["rli.max_share"], format!("rli.max_share = {}: must be in (0, 0.1]", self.max_share));
         }
-        if self.share() > self.max_share {
+        if self.packets == 0 {
+            return refuse(&["rli.packets"], "rli.packets = 0: one reference every n packets, n at least 1".into());
+        }
+        if self.injection != Injection::Packets && self.share() > self.max_share {
             let least = Duration::from_secs_f64(WIRE_BYTES as f64 * 8.0 / (self.max_share * self.link_bps as f64));
             return refuse(
                 &["rli.period", "rli.max_share", "rli.link_bps"],

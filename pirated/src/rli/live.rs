@@ -22,6 +22,9 @@ use tracing::{info, warn};
 use super::{
     config::RliConfig,
     drain::{Drain, FlowFigures},
+    egress::Egress,
+    inject::Schedule,
+    metrics::Shared,
     quantiles::Summary,
     report,
 };
@@ -53,15 +56,17 @@ impl Injector {
         let any: SocketAddr = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
         let socket = UdpSocket::bind(any).context("binding the references' socket")?;
         socket.connect(target).with_context(|| format!("no route for references to {target}"))?;
+        let schedule = rli.schedule();
+        let egress = schedule.reads_link().then(|| Egress::of(&socket)).transpose()?;
         let (stop, sent, failed) =
             (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let period = rli.period.0;
         let (s, n, f) = (stop.clone(), sent.clone(), failed.clone());
+        let interface = egress.as_ref().map(|e| e.interface.clone());
         let thread = std::thread::Builder::new()
             .name("rli-references".into())
-            .spawn(move || inject(socket, key, period, &s, &n, &f))
+            .spawn(move || inject(socket, key, schedule, egress, &s, &n, &f))
             .context("starting the references' thread")?;
-        info!(%target, ?period, "rli: sending references");
+        info!(%target, injection = ?rli.injection, period = %rli.period, interface, "rli: sending references");
         Ok(Injector { stop, thread: Some(thread), sent, failed })
     }
 }
@@ -75,35 +80,63 @@ impl Drop for Injector {
     }
 }
 
-fn inject(socket: UdpSocket, key: [u64; 2], period: Duration, stop: &AtomicBool, sent: &AtomicU64, failed: &AtomicU64) {
-    let step = period.as_nanos() as u64;
+/// The injector's loop: it wakes on a grid of the schedule's poll period (a late wake moves on
+/// along the grid: the missed ones are not sent in a burst), asks the schedule, and stamps a
+/// reference just before it goes to the socket.
+fn inject(
+    socket: UdpSocket,
+    key: [u64; 2],
+    mut schedule: Schedule,
+    egress: Option<Egress>,
+    stop: &AtomicBool,
+    sent: &AtomicU64,
+    failed: &AtomicU64,
+) {
+    let poll = schedule.poll_ns();
     let mut seq = clock::now() / 1000;
     let mut next = clock::now();
     let mut warned = false;
+    let mut warn_once = |what: &str, e: &dyn std::fmt::Display| {
+        if !std::mem::replace(&mut warned, true) {
+            warn!("rli: {what}: {e} (counted; said once)");
+        }
+        failed.fetch_add(1, Ordering::Relaxed);
+    };
     while !stop.load(Ordering::Relaxed) {
         let now = clock::now();
         if now < next {
             std::thread::sleep(Duration::from_nanos(next - now));
         }
-        // Late (a slow wake): the schedule moves on, the missed ones are not sent in a burst.
-        next = next.max(clock::now().saturating_sub(step)) + step;
-        seq += 1;
-        let payload = seal(key, seq, clock::now());
-        match socket.send(&payload) {
-            Ok(_) => sent.fetch_add(1, Ordering::Relaxed),
+        let at = next;
+        next += poll;
+        while next <= clock::now() {
+            next += poll;
+        }
+        let link = match egress.as_ref().map(Egress::read).transpose() {
+            Ok(link) => link.unwrap_or_default(),
             Err(e) => {
-                if !std::mem::replace(&mut warned, true) {
-                    warn!("rli: sending a reference failed: {e} (counted; said once)");
-                }
-                failed.fetch_add(1, Ordering::Relaxed)
+                warn_once("reading the egress interface's counters", &e);
+                continue;
             }
         };
+        if !schedule.due(at, link) {
+            continue;
+        }
+        schedule.sent(at, link);
+        seq += 1;
+        match socket.send(&seal(key, seq, clock::now())) {
+            Ok(_) => {
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => warn_once("sending a reference failed", &e),
+        }
     }
 }
 
 /// Starts the downstream point's task: every interval of `interval_ns` on the shared clock, a
-/// `segment_references` line and a `segment_flow` line per flow with packets in it.
-pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, lines: Option<Lines>) -> TaskHandle<()> {
+/// `segment_references` line and a `segment_flow` line per flow with packets in it, and the
+/// interval's metrics.
+pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, metrics: Shared, lines: Option<Lines>) -> TaskHandle<()> {
     tokio::spawn(async move {
         let mut drain = Drain::default();
         let mut delays: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
@@ -124,7 +157,9 @@ pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, lines: Option<Lines
             let mut taken = delays.remove(&next).unwrap_or_default();
             // An interval's late references arrive with the next one's: dropped when older.
             delays.retain(|i, _| *i > next);
-            publish(lines.as_ref(), next, Summary::of(&mut taken), &flows);
+            let summary = Summary::of(&mut taken);
+            metrics(&mut |m| m.publish_interval(summary.as_ref(), &flows));
+            publish(lines.as_ref(), next, summary, &flows);
             next += 1;
         }
     })

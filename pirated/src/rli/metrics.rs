@@ -1,23 +1,65 @@
-//! RLI's Prometheus families so far: what became of the packets to the reference port, and the
-//! flows its table took, from the datapath's counters each epoch. Bounded: one series per
-//! outcome, none per flow.
+//! RLI's Prometheus families, bounded whatever the traffic: what became of the packets to the
+//! reference port and the flows the table took (from the datapath's counters, each epoch); and
+//! each interval, the segment's delay from its references (mean, std-dev, quantiles: removed
+//! when an interval had none, or too few for a quantile), per server the mean over its flows'
+//! packets (at most `MAX_SERVERS` servers, the busiest), and a histogram of the flows' means.
+//! Never a series per flow.
+
+use std::sync::{atomic::AtomicU64, Arc};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{exponential_buckets, Histogram},
+    },
     registry::Registry,
 };
 
 use pirate_common::counters;
+
+use super::{
+    drain::FlowFigures,
+    quantiles::{Summary, QUANTILES},
+};
+
+/// Servers with a mean series at once: the ones with the most packets in the interval.
+pub const MAX_SERVERS: usize = 1000;
+
+/// How the live task reaches the families, under the registry's lock.
+pub type Shared = Arc<dyn Fn(&mut dyn FnMut(&Metrics)) + Send + Sync>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabel {
+    /// Not `quantile`, which Prometheus keeps for summaries.
+    q: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+type NoLabels = Vec<(String, String)>;
+
 pub struct Metrics {
     references: Family<OutcomeLabel, Counter>,
     flows_inserted: Counter,
+    /// Without labels: a family only so that the series can be removed.
+    mean: Family<NoLabels, GaugeF>,
+    std_dev: Family<NoLabels, GaugeF>,
+    quantile: Family<QuantileLabel, GaugeF>,
+    interval_references: Gauge,
+    server_mean: Family<ServerLabel, GaugeF>,
+    flow_mean: Histogram,
 }
 
 /// The counters behind `references`, and their outcome labels.
@@ -31,7 +73,17 @@ const OUTCOMES: [(u32, &str); 5] = [
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Metrics {
-        let m = Metrics { references: Family::default(), flows_inserted: Counter::default() };
+        let m = Metrics {
+            references: Family::default(),
+            flows_inserted: Counter::default(),
+            mean: Family::default(),
+            std_dev: Family::default(),
+            quantile: Family::default(),
+            interval_references: Gauge::default(),
+            server_mean: Family::default(),
+            // 1 µs … ~8.4 s, ×2 per bucket.
+            flow_mean: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+        };
         let r = registry.sub_registry_with_prefix("rli");
         r.register(
             "references",
@@ -43,14 +95,78 @@ impl Metrics {
             "Flows that entered RLI's flow table (it holds rli.max_flows: beyond, the least recent one is evicted)",
             m.flows_inserted.clone(),
         );
+        r.register(
+            "delay_mean_seconds",
+            "One-way delay of the segment over the last interval, from its reference packets (each measured exactly)",
+            m.mean.clone(),
+        );
+        r.register(
+            "delay_std_dev_seconds",
+            "Standard deviation of the segment's one-way delay over the last interval, from its references",
+            m.std_dev.clone(),
+        );
+        r.register(
+            "delay_quantile_seconds",
+            "Quantiles (0.5, 0.9, 0.99, 0.999) of the segment's one-way delay over the last interval, from its references; a quantile is absent when the interval had too few (2, 10, 100, 1000)",
+            m.quantile.clone(),
+        );
+        r.register(
+            "interval_references",
+            "References the last interval's delay figures rest on",
+            m.interval_references.clone(),
+        );
+        r.register(
+            "server_delay_mean_seconds",
+            "Per server (destination address and port), the one-way delay across the segment over its flows' packets in the last interval, interpolated between references (RLI)",
+            m.server_mean.clone(),
+        );
+        r.register(
+            "flow_delay_mean_seconds",
+            "Each flow's mean one-way delay across the segment per interval (RLI), one observation per flow and interval",
+            m.flow_mean.clone(),
+        );
         m
     }
 
-    /// Publishes one epoch (`delta`: the kernel's counters since the last one).
+    /// Publishes one epoch's counters (`delta`: the kernel's counters since the last one).
     pub fn publish(&self, delta: &[u64; counters::COUNT as usize]) {
         for (counter, outcome) in OUTCOMES {
             self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(delta[counter as usize]);
         }
         self.flows_inserted.inc_by(delta[counters::EVENT_RLI_FLOW_INSERTED as usize]);
+    }
+
+    /// Publishes one interval: its references' summary and its flows' figures.
+    pub fn publish_interval(&self, references: Option<&Summary>, flows: &[FlowFigures]) {
+        self.quantile.clear();
+        self.interval_references.set(references.map_or(0, |s| s.count as i64));
+        self.mean.clear();
+        self.std_dev.clear();
+        if let Some(s) = references {
+            self.mean.get_or_create(&Vec::new()).set(s.mean * 1e-9);
+            self.std_dev.get_or_create(&Vec::new()).set(s.std_dev * 1e-9);
+        }
+        for ((q, _), v) in QUANTILES.iter().zip(references.map(|s| s.quantiles).unwrap_or_default()) {
+            if let Some(v) = v {
+                self.quantile.get_or_create(&QuantileLabel { q: q.to_string() }).set(v * 1e-9);
+            }
+        }
+        let mut servers: std::collections::HashMap<std::net::SocketAddr, (u64, f64)> = Default::default();
+        for f in flows {
+            let Some(mean) = f.rli.mean_ns else { continue };
+            self.flow_mean.observe(mean * 1e-9);
+            let s = servers.entry(f.key.server()).or_default();
+            s.0 += f.rli.packets;
+            s.1 += f.rli.packets as f64 * mean;
+        }
+        let mut busiest: Vec<_> = servers.into_iter().collect();
+        busiest.sort_unstable_by_key(|(_, (packets, _))| std::cmp::Reverse(*packets));
+        busiest.truncate(MAX_SERVERS);
+        self.server_mean.clear();
+        for (server, (packets, sum)) in busiest {
+            self.server_mean
+                .get_or_create(&ServerLabel { server: server.to_string() })
+                .set(sum / packets as f64 * 1e-9);
+        }
     }
 }

@@ -8,6 +8,8 @@
 
 pub mod config;
 pub mod drain;
+pub mod egress;
+pub mod inject;
 pub mod interpolate;
 pub mod live;
 pub mod metrics;

@@ -1,14 +1,16 @@
 //! The per-packet steps and what reads their state, over any packets at any times: the input,
 //! read as records of (length: u16, microseconds since the last: u32, frame), becomes a capture
 //! replayed through Pirate's tracker, the fridges and the estimators (`pirated replay`), and
-//! through the segment's step and reconciliation with the capture at both points
+//! through RLI's and the segment's steps and reconciliation with the capture at both points
 //! (`pirated replay-segment`). Errors are fine (nothing measured); panics are not.
 #![no_main]
 
 use std::{io::Cursor, path::Path};
 
 use libfuzzer_sys::fuzz_target;
-use pirated::{capture::CaptureReader, config::Config, epoch, segment};
+use pirated::{
+    capture::CaptureReader, config::Config, epoch, rli::config::RliConfig, segment, source::two_points::RliFirst,
+};
 
 /// A classic pcap (ns) of the input's records, from a second past the epoch.
 fn capture(mut data: &[u8]) -> Vec<u8> {
@@ -38,5 +40,8 @@ fuzz_target!(|data: &[u8]| {
     let pcap = capture(data);
     let config = Config::default();
     let _ = epoch::replay(&config, reader(&pcap), &mut std::io::sink());
-    let _ = segment::replay::run(&config.segment, reader(&pcap), reader(&pcap), 0, &mut std::io::sink());
+    // The downstream chain with RLI first, as live: references checked under a key of its own.
+    let rli = RliConfig { enabled: true, ..RliConfig::default() };
+    let mut before = RliFirst::new(&rli, [1, 2], config.segment.interval.as_nanos(), std::io::sink());
+    let _ = segment::replay::run(&config.segment, reader(&pcap), reader(&pcap), 0, &mut std::io::sink(), &mut before);
 });

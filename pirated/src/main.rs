@@ -170,7 +170,7 @@ fn main() {
             .and_then(|c| {
                 let offset = tai_offset.map_or_else(clock::tai_offset_ns, |s| s * 1_000_000_000);
                 let (up, down) = (CaptureReader::open(&up)?, CaptureReader::open(&down)?);
-                segment::replay::run(&c.segment, up, down, offset, &mut std::io::stdout().lock())
+                pirated::source::two_points::replay(&c, up, down, offset)
             }),
     };
     if let Err(e) = result {
@@ -251,7 +251,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             _ => None,
         }
         .map(|maps| rli::live::spawn_downstream(maps, interval_ns, shared(&metrics, |m| &m.rli), lines_of()));
-        let _injector = match (rli_key, config.segment.role) {
+        let injector = match (rli_key, config.segment.role) {
             (Some(key), Role::Up | Role::Both) => Some(Injector::start(&config.rli, key)?),
             _ => None,
         };
@@ -262,6 +262,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
         let server = tokio::spawn(metrics::http::serve_on(listener, metrics.lock().unwrap().server()));
         let result = epoch::run(&config, &mut live, balancer, metrics, lines.as_ref(), shutdown).await;
+        // Before the downstream chain goes (with role "both", or detaching): no reference
+        // passes it on the way out.
+        drop(injector);
         server.abort();
         for task in [segment, rli_down].into_iter().flatten() {
             task.abort();
@@ -282,8 +285,8 @@ fn rli_key(config: &Config) -> anyhow::Result<Option<[u64; 2]>> {
     if !config.rli.enabled {
         return Ok(None);
     }
-    let psk = match config.segment.role {
-        Role::Both => psk::Psk::generate().context("drawing a key for the references")?,
+    let psk = match (config.segment.role, &config.segment.key_file) {
+        (Role::Both, None) => psk::Psk::generate().context("drawing a key for the references")?,
         _ => config.segment.key()?,
     };
     Ok(Some(rli::live::tag_key(&psk)))

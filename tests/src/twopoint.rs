@@ -15,14 +15,25 @@
 //!  snd s-u ── u-s [mid] u-d ══ emulator ══ d-u [mid] d-r ── r-d rcv
 //! ```
 
-use std::{path::PathBuf, sync::Mutex};
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex,
+    },
+};
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use pirated::psk::Psk;
+
+use serde_json::Value;
 
 use crate::{
     linkem::EmuLink,
     netns::{require_root, veth, Netns},
+    testbed::workspace_binary,
 };
 
 pub const SENDER_IP: &str = "10.204.1.1";
@@ -133,4 +144,27 @@ impl TwoPorts {
         receiver.route("10.204.1.0/24", "10.204.3.1")?;
         Ok(TwoPorts { sender, mid, receiver, segment })
     }
+}
+
+/// `pirated replay-segment` over the two captures, with a point's configuration: its lines.
+pub fn replay_segment(config: &str, up: &Path, down: &Path) -> Result<Vec<Value>> {
+    // One file per call: the tests run side by side and each removes its own.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("pirated-replay-segment-{}-{call}.toml", std::process::id()));
+    std::fs::write(&path, format!("interface = \"{UP_IF}\"\n{config}"))?;
+    let out = Command::new(workspace_binary("pirated")?)
+        .arg("replay-segment")
+        .args([OsStr::new("--config"), path.as_os_str(), OsStr::new("--up"), up.as_os_str()])
+        .args([OsStr::new("--down"), down.as_os_str()])
+        .output()?;
+    std::fs::remove_file(&path)?;
+    ensure!(out.status.success(), "pirated replay-segment: {}", String::from_utf8_lossy(&out.stderr));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    Ok(out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(serde_json::from_slice)
+        .collect::<Result<_, _>>()?)
 }

@@ -15,10 +15,11 @@ use anyhow::{ensure, Result};
 use pirate_common::{counters, rli::reference::seal};
 use pirate_tests::{
     capture::Capture,
-    linkem::{probe::Probes, LinkSpec},
+    linkem::{probe::Probes, EmuLink, LinkSpec, EMU_B},
+    netns::Netns,
     pairs::quantile,
     testbed::{metric, Pirated},
-    twopoint::{self, TwoPoint, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+    twopoint::{self, replay_segment, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
     capture::read_all,
@@ -138,17 +139,21 @@ fn references_are_checked_taken_and_used_and_nothing_else_is_dropped() -> Result
     Ok(())
 }
 
+/// With [`TwoPorts`], an address routed through the segment's link (a neighbour entry on `u-d`
+/// resolving to the other port): where its references go.
+const TWO_PORTS_FAR_END: &str = "10.204.2.2";
+
 /// Flows measured on the testbed, one per destination port from this one on.
 const FLOW_PORT: u16 = 9000;
 const FLOWS: u16 = 4;
 
-/// A point's configuration with RLI on: references every millisecond (5 % of the 20 Mbit/s
-/// queue below), to the receiver.
-fn live_config(role: &str) -> Result<String> {
+/// A point's configuration with RLI on (`extra` at the end of `[segment]`): references every
+/// millisecond (5 % of the 20 Mbit/s queue below), to `target`.
+fn live_config(role: &str, extra: &str, target: &str) -> Result<String> {
     let key = twopoint::key_file()?;
     Ok(format!(
         "[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
-         key_file = \"{}\"\ninterval = \"1s\"\n[rli]\nenabled = true\ntarget = \"{RECEIVER_IP}\"\nperiod = \"1ms\"\n\
+         key_file = \"{}\"\ninterval = \"1s\"\n{extra}[rli]\nenabled = true\ntarget = \"{target}\"\nperiod = \"1ms\"\n\
          link_bps = 20000000\nmax_share = 0.05\n",
         key.display()
     ))
@@ -208,31 +213,96 @@ fn merged(lines: &[Value], port: u16, estimator: &str) -> (u64, f64, f64) {
     (n, mean, (sq / n.max(1) as f64 - mean * mean).max(0.0).sqrt())
 }
 
+/// Where the test runs: the namespaces traffic enters and leaves by, the ports the points
+/// measure on (U's, D's), the namespace holding U's egress `u-d` (the queue goes there) and
+/// the link emulator behind it.
+struct Segment<'a> {
+    sender: &'a Netns,
+    receiver: &'a Netns,
+    up: (&'a Netns, &'a str),
+    down: (&'a Netns, &'a str),
+    queue: &'a Netns,
+    link: &'a EmuLink,
+}
+
+/// The pirated instances measuring a [`Segment`]: the one reporting D's figures with its
+/// configuration, and U's where it is another.
+struct Points {
+    reporter: Pirated,
+    config: String,
+    up: Option<Pirated>,
+}
+
 /// Two pirated instances on the two-point testbed, a 20 Mbit/s token bucket on the segment
 /// filled by bursts of cross traffic (queueing delay rising by 34 ms and falling every 100 ms)
-/// and four probe flows through it, references every ms: each flow's one-way delay, merged
-/// over its `segment_flow` lines, within 2 % (mean) and 5 % (std-dev) of the captures at both
-/// points, by RLI and RLI-L, every packet counted; the segment's p99 and std-dev from the
-/// references within 10 % of the probes' in every interval the probes fill, its mean within
-/// 5 %; no reference refused, none reaching the receiver.
+/// and four probe flows through it, references every ms: see [`through_a_queue`].
 #[test]
 fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
     let tb = TwoPoint::new()?;
-    let emulator = tb.segment.start(&"delay=1ms".parse()?, &LinkSpec::default(), 3)?;
-    tb.up.run(&[
+    let segment = Segment {
+        sender: &tb.sender,
+        receiver: &tb.receiver,
+        up: (&tb.up, UP_IF),
+        down: (&tb.down, DOWN_IF),
+        queue: &tb.up,
+        link: &tb.segment,
+    };
+    through_a_queue(&segment, || {
+        let config = live_config("down", "", RECEIVER_IP)?;
+        let reporter = Pirated::start(&tb.down, DOWN_IF, &config)?;
+        let up = Some(Pirated::start(&tb.up, UP_IF, &live_config("up", "", RECEIVER_IP)?)?);
+        Ok(Points { reporter, config, up })
+    })
+}
+
+/// One pirated on two ports of the host the segment starts and ends at (role "both"), its
+/// references to the far end of the segment's link: the same as two instances.
+#[test]
+fn one_pirated_on_two_ports_measures_each_flow_through_a_queue() -> Result<()> {
+    let tb = TwoPorts::new()?;
+    let segment = Segment {
+        sender: &tb.sender,
+        receiver: &tb.receiver,
+        up: (&tb.mid, UP_IF),
+        down: (&tb.mid, DOWN_IF),
+        queue: &tb.mid,
+        link: &tb.segment,
+    };
+    through_a_queue(&segment, || {
+        let both = format!("down_interface = \"{DOWN_IF}\"\n");
+        let config = live_config("both", &both, TWO_PORTS_FAR_END)?;
+        Ok(Points { reporter: Pirated::start(&tb.mid, UP_IF, &config)?, config, up: None })
+    })
+}
+
+/// Each flow's one-way delay, merged over its `segment_flow` lines, within 2 % (mean) and 5 %
+/// (std-dev) of the captures at both points, by RLI and RLI-L, every packet counted; replayed
+/// from captures that hold the references, within 0.2 % and 0.5 % of live; the segment's p99
+/// and std-dev from the references within 10 % of the probes' in every interval the probes
+/// fill (they take a third of the link), its mean within 10 % (the probes are not quite
+/// uniform in time: their senders compete with the cross traffic's for the CPU); no reference refused, none reaching the receiver.
+fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Result<()> {
+    let emulator = seg.link.start(&"delay=1ms".parse()?, &LinkSpec::default(), 3)?;
+    seg.queue.run(&[
         "tc", "qdisc", "add", "dev", "u-d", "root", "tbf", "rate", "20mbit", "burst", "8kb", "limit", "400kb",
     ])?;
-    let mut down = Pirated::start(&tb.down, DOWN_IF, &live_config("down")?)?;
-    let mut up = Pirated::start(&tb.up, UP_IF, &live_config("up")?)?;
-    tb.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
+    let Points { reporter: mut down, config, mut up } = start()?;
+    seg.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
     down.wait_for(Duration::from_secs(30), |l| {
         l["type"] == "segment_references" && l["references"].as_u64() > Some(100)
     })?;
     // Anything reaching the receiver on the reference port would be a reference D let through.
-    let leaked = tb.receiver.run_in(|| UdpSocket::bind(format!("{RECEIVER_IP}:9466")))??;
+    let leaked = seg.receiver.run_in(|| UdpSocket::bind(format!("{RECEIVER_IP}:9466")))??;
     leaked.set_nonblocking(true)?;
     let filter = ["-Q", "in", "udp", "dst", "portrange", "9000-9003"];
-    let mut captures = [Capture::start(&tb.up, UP_IF, &filter)?, Capture::start(&tb.down, DOWN_IF, &filter)?];
+    // Where the references still are: leaving the link for D's port (D's XDP drops them before
+    // a capture there could see them), for the replay.
+    let before_d = ["-Q", "out", "udp", "and", "(dst", "portrange", "9000-9003", "or", "dst", "port", "9466)"];
+    let mut captures = [
+        Capture::start(seg.up.0, seg.up.1, &filter)?,
+        Capture::start(seg.down.0, seg.down.1, &filter)?,
+        Capture::start(seg.link.ns(), EMU_B, &before_d)?,
+    ];
     let probes =
         Probes { count: 4000, gap: Duration::from_millis(1), payload: 200, settle: Duration::from_millis(500) };
     let stop = AtomicBool::new(false);
@@ -240,7 +310,7 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         // Cross traffic: 60 datagrams of 1400 bytes at once every 100 ms (34 ms of the queue),
         // from a second before the probes to a second after them.
         let cross = s.spawn(|| -> Result<()> {
-            let socket = tb.sender.run_in(|| UdpSocket::bind(format!("{SENDER_IP}:0")))??;
+            let socket = seg.sender.run_in(|| UdpSocket::bind(format!("{SENDER_IP}:0")))??;
             socket.connect(format!("{RECEIVER_IP}:9100"))?;
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..60 {
@@ -256,8 +326,8 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         let runs: Vec<_> = (0..FLOWS)
             .map(|i| {
                 let probes = probes.clone();
-                let (tb, dst) = (&tb, format!("{RECEIVER_IP}:{}", FLOW_PORT + i));
-                s.spawn(move || probes.run(&tb.sender, SENDER_IP.parse()?, &tb.receiver, dst.parse()?))
+                let dst = format!("{RECEIVER_IP}:{}", FLOW_PORT + i);
+                s.spawn(move || probes.run(seg.sender, SENDER_IP.parse()?, seg.receiver, dst.parse()?))
             })
             .collect();
         for run in runs {
@@ -275,25 +345,33 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         l["type"] == "segment_references" && l["interval"].as_i64() >= Some(after)
     })?;
     // U first: references it sends once D stopped and detached would go through.
-    up.stop()?;
+    if let Some(up) = &mut up {
+        up.stop()?;
+    }
     std::thread::sleep(Duration::from_millis(50));
-    let metrics = down.metrics(&tb.down)?;
+    let metrics = down.metrics(seg.down.0)?;
     let lines = down.stop()?;
     emulator.stop()?;
     ensure!(leaked.recv(&mut [0u8; 64]).is_err(), "a reference reached the receiver");
+    let taken = metric(&metrics, "pirated_rli_references_total{outcome=\"taken\"}");
+    ensure!(taken > 4000.0, "{taken} references taken over the probes' 4 s and more");
     for outcome in ["forged", "replayed", "stale"] {
         let refused = metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
         ensure!(refused == 0.0, "{refused} references refused as {outcome}");
     }
 
     let (truth, intervals) = captured_delays(read_all(captures[0].path())?, read_all(captures[1].path())?);
+    let replayed = replay_segment(&config, captures[0].path(), captures[2].path())?;
     ensure!(truth.len() == FLOWS as usize, "captured flows: {:?}", truth.keys());
     // The segment's delay per interval from the references, against every probe's in it (the
     // probes, like the references, spread evenly over time).
+    // Only the intervals the probes fill: they take a third of the link, so the queue runs
+    // longer while they are on.
+    let full = intervals.values().map(Vec::len).max().unwrap_or(0) * 95 / 100;
     let mut judged = 0;
     for line in lines.iter().filter(|l| l["type"] == "segment_references") {
         let Some(delays) = intervals.get(&line["interval"].as_i64().unwrap()) else { continue };
-        if delays.len() < 3000 {
+        if delays.len() < full {
             continue;
         }
         let mut delays = delays.clone();
@@ -315,7 +393,7 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         );
         let off = |x: f64, t: f64| (x / t - 1.0).abs();
         ensure!(off(ref_p99, p99) < 0.1, "p99 off in interval {}", line["interval"]);
-        ensure!(off(refs("std_dev_ns"), std) < 0.1 && off(refs("mean_ns"), mean) < 0.05, "{line}");
+        ensure!(off(refs("std_dev_ns"), std) < 0.1 && off(refs("mean_ns"), mean) < 0.1, "{line}");
         judged += 1;
     }
     ensure!(judged >= 2, "{judged} intervals judged");
@@ -342,6 +420,17 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         ensure!(n_l as usize == delays.len(), "RLI-L counted {n_l} of {} packets", delays.len());
         ensure!(err(rli_mean, mean).abs() < 2.0 && err(rli_std, std).abs() < 5.0, "RLI off");
         ensure!(err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0, "RLI-L off");
+        // Replayed from the captures before D: the same references, the packets stamped a few
+        // µs earlier than D's XDP did.
+        let (n_r, replayed_mean, replayed_std) = merged(&replayed, *port, "rli");
+        println!(
+            "  replayed: RLI {n_r}: {:.3} ± {:.3} ms ({:+.3} %, {:+.3} % of live)",
+            replayed_mean / 1e6,
+            replayed_std / 1e6,
+            err(replayed_mean, rli_mean),
+            err(replayed_std, rli_std)
+        );
+        ensure!(n_r == n && err(replayed_mean, rli_mean).abs() < 0.2 && err(replayed_std, rli_std).abs() < 0.5);
     }
     Ok(())
 }

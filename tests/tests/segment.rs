@@ -8,12 +8,9 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    ffi::OsStr,
     io::{Read, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
-    path::Path,
-    process::Command,
-    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
@@ -23,8 +20,8 @@ use pirate_tests::{
     capture::Capture,
     linkem::{probe::Probes, LinkSpec},
     netns::Netns,
-    testbed::{metric, wait_until, workspace_binary, PinRoot, Pirated},
-    twopoint::{self, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+    testbed::{metric, wait_until, PinRoot, Pirated},
+    twopoint::{self, replay_segment, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
     capture::read_all,
@@ -335,7 +332,7 @@ fn scraped(lines: &[&Value], metrics: &str) -> Option<f64> {
 /// at least as close.
 fn assert_figures(Probed { lines, truths, captures, scrapes }: &Probed, config: &str) -> Result<()> {
     assert_scraped(lines, scrapes);
-    let replayed = replay(config, captures[0].path(), captures[1].path())?;
+    let replayed = replay_segment(config, captures[0].path(), captures[1].path())?;
     let (mut compared, mut undecoded, mut worst_mean, mut worst_std, mut worst_lda) = (0, 0, 0.0f64, 0.0f64, 0.0f64);
     let mut worst_replayed = 0.0f64;
     for line in lines.iter().filter(|l| l["type"] == "segment") {
@@ -396,29 +393,6 @@ fn one_pirated_on_two_ports_matches_the_captures() -> Result<()> {
     let probed = probe(&tb.sender, &tb.receiver, (&tb.mid, UP_IF), (&tb.mid, DOWN_IF), &mut pirated)?;
     emulator.stop()?;
     assert_figures(&probed, &both)
-}
-
-/// `pirated replay-segment` over the two captures, with a point's configuration: its lines.
-fn replay(config: &str, up: &Path, down: &Path) -> Result<Vec<Value>> {
-    // One file per call: the tests run side by side and each removes its own.
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("pirated-replay-segment-{}-{call}.toml", std::process::id()));
-    std::fs::write(&path, format!("interface = \"{UP_IF}\"\n{config}"))?;
-    let out = Command::new(workspace_binary("pirated")?)
-        .arg("replay-segment")
-        .args([OsStr::new("--config"), path.as_os_str(), OsStr::new("--up"), up.as_os_str()])
-        .args([OsStr::new("--down"), down.as_os_str()])
-        .output()?;
-    std::fs::remove_file(&path)?;
-    ensure!(out.status.success(), "pirated replay-segment: {}", String::from_utf8_lossy(&out.stderr));
-    eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    Ok(out
-        .stdout
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(serde_json::from_slice)
-        .collect::<Result<_, _>>()?)
 }
 
 /// The sender's probes (each its sequence number, as [`probes`] reads them) every 700 µs until

@@ -75,7 +75,7 @@ pub enum Verdict {
 /// One packet at the downstream point: `at_ns` its arrival on the datapath's monotonic clock,
 /// `tai_ns` on the shared one (only references need it).
 #[inline(always)]
-pub fn packet<F: Frame, R: References, S: Flows>(
+pub fn packet<F: Frame + ?Sized, R: References, S: Flows>(
     shape: &RliShape,
     pkt: &PacketCtx,
     frame: &F,
@@ -97,7 +97,7 @@ pub fn packet<F: Frame, R: References, S: Flows>(
 }
 
 #[inline(always)]
-fn reference<F: Frame, R: References>(
+fn reference<F: Frame + ?Sized, R: References>(
     shape: &RliShape,
     pkt: &PacketCtx,
     frame: &F,

@@ -48,6 +48,7 @@ use tracing::{info, warn};
 
 use fridge::FridgeMaps;
 use lb::LbMaps;
+use percpu::CounterReader;
 use pins::PinDir;
 use pirate::PirateMaps;
 pub use privileges::NEEDS_ROOT;
@@ -339,12 +340,13 @@ impl Datapath {
 
     /// The datapath's counters, summed over CPUs, indexed like `pirate_common::counters`.
     pub fn counters(&self) -> anyhow::Result<[u64; counters::COUNT as usize]> {
+        percpu::counters(object::per_cpu_array(&self.ebpf, maps::COUNTERS)?.fd().as_fd(), self.cpus)
+    }
+
+    /// A reader of the counters apart from the datapath, for a capability's own task.
+    pub fn counter_reader(&self) -> anyhow::Result<CounterReader> {
         let fd = object::per_cpu_array(&self.ebpf, maps::COUNTERS)?.fd().as_fd();
-        let mut out = [0u64; counters::COUNT as usize];
-        for (i, slot) in out.iter_mut().enumerate() {
-            *slot = percpu::sum(fd, i as u32, self.cpus).context("reading COUNTERS")?;
-        }
-        Ok(out)
+        Ok(CounterReader { fd: fd.try_clone_to_owned().context("duplicating COUNTERS")?, cpus: self.cpus })
     }
 
     /// Pirate's maps, for its drain (once).
@@ -364,7 +366,8 @@ impl Datapath {
 
     /// RLI's maps, for the downstream point (once).
     pub fn take_rli(&mut self) -> anyhow::Result<RliMaps> {
-        RliMaps::take(&mut self.ebpf)
+        let counters = self.counter_reader()?;
+        RliMaps::take(&mut self.ebpf, counters)
     }
 
     /// The segment's maps, for the point that reads its banks (once).

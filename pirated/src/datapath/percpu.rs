@@ -1,9 +1,15 @@
 //! Reading a per-CPU array with the CPU count learned once, at load. aya 0.13 reads the
 //! possible CPUs from sysfs again on each thread that first looks such a value up, and the epoch
 //! loop moves between tokio's worker threads: a process out of descriptors could not read its
-//! counters.
+//! counters. `CounterReader` reads the datapath's counters from a capability's own task.
 
-use std::{io, os::fd::BorrowedFd};
+use std::{
+    io,
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+};
+
+use anyhow::Context;
+use pirate_common::counters::COUNT;
 
 /// The sum over `cpus` CPUs of entry `key` of the per-CPU u64 array `map`.
 pub fn sum(map: BorrowedFd<'_>, key: u32, cpus: usize) -> io::Result<u64> {
@@ -20,4 +26,26 @@ pub fn values<T: aya::Pod + Default>(map: BorrowedFd<'_>, key: u32, cpus: usize)
     // writes for an array of T per CPU.
     unsafe { super::bpf_call::lookup(map, key, &mut values)? };
     Ok(values)
+}
+
+/// The datapath's counters (`COUNTERS`), summed over CPUs, indexed like `pirate_common::counters`.
+pub fn counters(map: BorrowedFd<'_>, cpus: usize) -> anyhow::Result<[u64; COUNT as usize]> {
+    let mut out = [0u64; COUNT as usize];
+    for (i, slot) in out.iter_mut().enumerate() {
+        *slot = sum(map, i as u32, cpus).context("reading COUNTERS")?;
+    }
+    Ok(out)
+}
+
+/// The datapath's counters, read from a task of their own.
+pub struct CounterReader {
+    pub(super) fd: OwnedFd,
+    pub(super) cpus: usize,
+}
+
+impl CounterReader {
+    /// The counters, summed over CPUs.
+    pub fn read(&self) -> anyhow::Result<[u64; COUNT as usize]> {
+        counters(self.fd.as_fd(), self.cpus)
+    }
 }

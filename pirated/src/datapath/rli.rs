@@ -15,7 +15,7 @@ use pirate_common::{
     rli::{flow::RliFlow, reference::RliShape, Reference, Taken, RING},
 };
 
-use super::{object, spec};
+use super::{object, percpu::CounterReader, spec};
 
 /// Sizes RLI's flow table and the ring of references taken.
 pub(super) fn size(loader: &mut EbpfLoader<'_>, spec: &spec::Rli) {
@@ -31,14 +31,17 @@ pub(super) fn configure(ebpf: &mut Ebpf, spec: &spec::Rli) -> anyhow::Result<()>
 
 /// RLI's maps as the downstream point reads them.
 pub struct RliMaps {
+    /// The datapath's counters: the references' outcomes among them.
+    pub counters: CounterReader,
     flows: PerCpuHashMap<MapData, FlowKey, RliFlow>,
     refs: Array<MapData, Reference>,
     taken: RingBuf<MapData>,
 }
 
 impl RliMaps {
-    pub(super) fn take(ebpf: &mut Ebpf) -> anyhow::Result<RliMaps> {
+    pub(super) fn take(ebpf: &mut Ebpf, counters: CounterReader) -> anyhow::Result<RliMaps> {
         Ok(RliMaps {
+            counters,
             flows: PerCpuHashMap::try_from(object::take(ebpf, maps::RLI_FLOWS)?)?,
             refs: Array::try_from(object::take(ebpf, maps::RLI_REFS)?)?,
             taken: RingBuf::try_from(object::take(ebpf, maps::RLI_TAKEN)?)?,

@@ -151,7 +151,6 @@ impl Metrics {
         if let Some(lb) = lb {
             self.lb.publish(lb);
         }
-        self.rli.publish(&delta);
         for (d, name) in delta.iter().zip(counters::NAMES).take(counters::OUTCOMES as usize) {
             self.packets.get_or_create(&OutcomeLabel { outcome: name }).inc_by(*d);
         }

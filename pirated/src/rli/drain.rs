@@ -1,19 +1,22 @@
-//! What the downstream point reads of RLI each interval: every flow's counters, per CPU, turned
-//! into the interval's figures (what each counter gained since the last read). A flow's
+//! What the downstream point reads of RLI each interval, live and in replay: the references
+//! taken in it, summarised, and every flow's counters, per CPU, turned into the interval's
+//! figures (what each counter gained since the last read). A flow's
 //! packets waiting for the reference after theirs are settled here on a copy when that
 //! reference has come (the datapath settles them only at the flow's next packet, which an ended
 //! flow never sends); the datapath's own settling later gives the same sums, which the copy
 //! kept as the baseline, so nothing is counted twice.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use pirate_common::{
     key::FlowKey,
     rli::{
         flow::{Counters, RliFlow, SQ_SHIFT},
-        Reference,
+        Reference, Taken,
     },
 };
+
+use super::quantiles::Summary;
 
 /// Delay figures of one estimator over a flow's packets of the interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -33,6 +36,51 @@ pub struct FlowFigures {
     pub left: Figures,
     /// Packets RLI could not interpolate in the interval (RLI-L counted them).
     pub unsettled: u64,
+}
+
+/// The downstream point's intervals, live or replayed: the references taken, by the interval
+/// they arrived in, and the flows' counters read when an interval is closed.
+pub struct Intervals {
+    interval_ns: u64,
+    drain: Drain,
+    delays: BTreeMap<u64, Vec<f64>>,
+}
+
+/// What one interval gave.
+pub struct Closed {
+    pub interval: u64,
+    pub references: Option<Summary>,
+    pub flows: Vec<FlowFigures>,
+}
+
+impl Intervals {
+    pub fn new(interval_ns: u64) -> Intervals {
+        Intervals { interval_ns, drain: Drain::default(), delays: BTreeMap::new() }
+    }
+
+    /// The interval `tai_ns` lies in.
+    pub fn interval(&self, tai_ns: u64) -> u64 {
+        tai_ns / self.interval_ns
+    }
+
+    /// When interval `interval` is read: a little after its end, for packets stamped just
+    /// before it are still on their way through the program.
+    pub fn due(&self, interval: u64) -> u64 {
+        (interval + 1) * self.interval_ns + (self.interval_ns / 100).clamp(5_000_000, 100_000_000)
+    }
+
+    /// A reference taken.
+    pub fn taken(&mut self, t: Taken) {
+        self.delays.entry(self.interval(t.tai_ns)).or_default().push(t.reference.delay_ns as f64);
+    }
+
+    /// Closes `interval`: its references summarised (late ones of earlier intervals dropped),
+    /// and what every flow's counters gained since the last close.
+    pub fn close(&mut self, interval: u64, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference]) -> Closed {
+        let mut taken = self.delays.remove(&interval).unwrap_or_default();
+        self.delays.retain(|i, _| *i > interval);
+        Closed { interval, references: Summary::of(&mut taken), flows: self.drain.read(flows, references) }
+    }
 }
 
 /// The counters as last read, per flow and CPU.

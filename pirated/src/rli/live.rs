@@ -4,7 +4,6 @@
 //! as JSON lines).
 
 use std::{
-    collections::BTreeMap,
     net::{SocketAddr, UdpSocket},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -15,19 +14,11 @@ use std::{
 };
 
 use anyhow::Context;
-use pirate_common::rli::reference::seal;
+use pirate_common::{counters, rli::reference::seal};
 use tokio::task::JoinHandle as TaskHandle;
 use tracing::{info, warn};
 
-use super::{
-    config::RliConfig,
-    drain::{Drain, FlowFigures},
-    egress::Egress,
-    inject::Schedule,
-    metrics::Shared,
-    quantiles::Summary,
-    report,
-};
+use super::{config::RliConfig, drain::Intervals, egress::Egress, inject::Schedule, metrics::Shared, report};
 use crate::{clock, datapath::rli::RliMaps, json::Lines, psk::Psk};
 
 /// What the references' tags are keyed with: 128 bits derived from the segment key for this
@@ -138,37 +129,34 @@ fn inject(
 /// interval's metrics.
 pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, metrics: Shared, lines: Option<Lines>) -> TaskHandle<()> {
     tokio::spawn(async move {
-        let mut drain = Drain::default();
-        let mut delays: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        let mut next = clock::now() / interval_ns;
-        // Packets stamped just before the end may still be on their way through the program.
-        let settle = (interval_ns / 100).clamp(5_000_000, 100_000_000);
+        let mut intervals = Intervals::new(interval_ns);
+        let mut next = intervals.interval(clock::now());
+        let mut counted = maps.counters.read().unwrap_or([0; counters::COUNT as usize]);
         loop {
-            let due = (next + 1) * interval_ns + settle;
-            tokio::time::sleep(Duration::from_nanos(due.saturating_sub(clock::now()))).await;
-            maps.drain_taken(|t| delays.entry(t.tai_ns / interval_ns).or_default().push(t.reference.delay_ns as f64));
-            let flows = match maps.flows().and_then(|f| Ok((f, maps.references()?))) {
-                Ok((flows, refs)) => drain.read(flows, &refs),
+            tokio::time::sleep(Duration::from_nanos(intervals.due(next).saturating_sub(clock::now()))).await;
+            maps.drain_taken(|t| intervals.taken(t));
+            let (flows, refs) = match maps.flows().and_then(|f| Ok((f, maps.references()?))) {
+                Ok(read) => read,
                 Err(e) => {
                     warn!("rli: reading the flows: {e:#}");
-                    Vec::new()
+                    Default::default()
                 }
             };
-            let mut taken = delays.remove(&next).unwrap_or_default();
-            // An interval's late references arrive with the next one's: dropped when older.
-            delays.retain(|i, _| *i > next);
-            let summary = Summary::of(&mut taken);
-            metrics(&mut |m| m.publish_interval(summary.as_ref(), &flows));
-            publish(lines.as_ref(), next, summary, &flows);
+            let closed = intervals.close(next, flows, &refs);
+            let now = maps.counters.read().unwrap_or(counted);
+            let delta = std::array::from_fn(|i| now[i].saturating_sub(counted[i]));
+            counted = now;
+            metrics(&mut |m| {
+                m.publish_counters(&delta);
+                m.publish_interval(closed.references.as_ref(), &closed.flows);
+            });
+            if let Some(lines) = &lines {
+                let mut text = Vec::new();
+                if report::write(&mut text, &closed).is_ok() {
+                    lines.send(text);
+                }
+            }
             next += 1;
         }
     })
-}
-
-fn publish(lines: Option<&Lines>, interval: u64, references: Option<Summary>, flows: &[FlowFigures]) {
-    let Some(lines) = lines else { return };
-    let mut text = Vec::new();
-    if report::write(&mut text, interval, references.as_ref(), flows).is_ok() {
-        lines.send(text);
-    }
 }

@@ -1,5 +1,5 @@
 //! RLI's Prometheus families, bounded whatever the traffic: what became of the packets to the
-//! reference port and the flows the table took (from the datapath's counters, each epoch); and
+//! reference port and the flows the table took (from the downstream chain's counters); and
 //! each interval, the segment's delay from its references (mean, std-dev, quantiles: removed
 //! when an interval had none, or too few for a quantile), per server the mean over its flows'
 //! packets (at most `MAX_SERVERS` servers, the busiest), and a histogram of the flows' means.
@@ -128,8 +128,8 @@ impl Metrics {
         m
     }
 
-    /// Publishes one epoch's counters (`delta`: the kernel's counters since the last one).
-    pub fn publish(&self, delta: &[u64; counters::COUNT as usize]) {
+    /// Publishes the datapath's counters of RLI (`delta`: what they gained since the last call).
+    pub fn publish_counters(&self, delta: &[u64; counters::COUNT as usize]) {
         for (counter, outcome) in OUTCOMES {
             self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(delta[counter as usize]);
         }

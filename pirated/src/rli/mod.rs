@@ -14,6 +14,7 @@ pub mod interpolate;
 pub mod live;
 pub mod metrics;
 pub mod quantiles;
+pub mod replay;
 pub mod report;
 pub mod synthetic;
 

@@ -8,17 +8,14 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use super::{
-    drain::{Figures, FlowFigures},
-    quantiles::{Summary, QUANTILES},
+    drain::{Closed, Figures},
+    quantiles::QUANTILES,
 };
 
-/// Writes interval `interval`'s lines into `out`.
-pub fn write(
-    out: &mut impl Write,
-    interval: u64,
-    references: Option<&Summary>,
-    flows: &[FlowFigures],
-) -> std::io::Result<()> {
+/// Writes a closed interval's lines into `out`.
+pub fn write(out: &mut impl Write, closed: &Closed) -> std::io::Result<()> {
+    let Closed { interval, references, flows } = closed;
+    let references = references.as_ref();
     let quantiles: Vec<Value> = QUANTILES
         .iter()
         .zip(references.map_or([None; QUANTILES.len()], |s| s.quantiles))

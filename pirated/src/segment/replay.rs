@@ -89,6 +89,30 @@ fn empty(shape: &SegmentShape, interval: u64) -> Record {
     }
 }
 
+/// What runs before the segment's step at the downstream point, as the live chain has it (`rli`,
+/// which takes its references out of the traffic): composed by the one who runs the replay.
+pub trait Before {
+    /// Whether the chain goes on to the segment with this frame, parsed into `pkt`, captured
+    /// at `tai_ns`.
+    fn frame(&mut self, pkt: &mut PacketCtx, frame: &[u8], tai_ns: u64) -> bool;
+    /// The downstream capture has been read: what the program before has left to say, and
+    /// whether it failed.
+    fn end(&mut self) -> anyhow::Result<()>;
+}
+
+/// Nothing before the segment.
+pub struct Nothing;
+
+impl Before for Nothing {
+    fn frame(&mut self, _: &mut PacketCtx, _: &[u8], _: u64) -> bool {
+        true
+    }
+
+    fn end(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
 /// One capture replayed as a stream: its frames into the banks up to an interval, each
 /// interval closed into a record once a frame of a later one arrives (as the live point reads a
 /// half once the next interval has begun), kept until reconciled.
@@ -122,7 +146,7 @@ impl Point {
     /// Reads frames until every interval up to `through` is closed (or the capture ends). A frame
     /// stamped in an interval before the current one (the capture's clock stepped back) is left
     /// out as `backwards`.
-    fn advance(&mut self, through: u64) {
+    fn advance(&mut self, through: u64, before: &mut dyn Before) {
         let shape = self.banks.shape;
         while !self.ended && self.current.is_none_or(|c| c <= through) {
             let (ts, frame) = match self.reader.frame() {
@@ -142,6 +166,9 @@ impl Point {
                 continue;
             }
             let ts = ts.saturating_add_signed(self.tai_offset_ns);
+            if !before.frame(&mut self.pkt, frame, ts) {
+                continue;
+            }
             let interval = shape.interval(ts);
             match self.current {
                 Some(c) if interval < c => {
@@ -208,6 +235,7 @@ pub fn run(
     down: CaptureReader,
     tai_offset_ns: i64,
     out: &mut impl Write,
+    before: &mut dyn Before,
 ) -> anyhow::Result<()> {
     let shape = config.shape();
     if shape.interval_ns == 0 {
@@ -216,15 +244,15 @@ pub fn run(
     let cache = config.cache_packets as usize;
     let (up_path, down_path) = (up.path().to_owned(), down.path().to_owned());
     let (mut u, mut d) = (Point::new(up, shape, cache, tai_offset_ns), Point::new(down, shape, cache, tai_offset_ns));
-    u.advance(0);
+    u.advance(0, &mut Nothing);
     let (mut measured, mut reported, mut next) = (0, 0, u.current);
     while let Some(interval) = next {
-        u.advance(interval);
+        u.advance(interval, &mut Nothing);
         // D's packets of the interval after too: those sent in this one and late. What D saw
         // before this interval is of no use: a capture that starts long before U's keeps no
         // record of it.
         d.keep_from(interval);
-        d.advance(interval + 1);
+        d.advance(interval + 1, before);
         let started = Instant::now();
         let up_record = u.records.remove(&interval).unwrap_or_else(|| empty(&shape, interval));
         let mut down_record = d.records.remove(&interval).unwrap_or_else(|| empty(&shape, interval));
@@ -241,6 +269,7 @@ pub fn run(
         next = [u.next_after(interval), d.next_after(interval)].into_iter().flatten().min();
         next = next.filter(|&n| !u.ended || u.current.is_some_and(|last| n <= last));
     }
+    before.end()?;
     let (up_tally, down_tally) = (u.finish(), d.finish());
     for (point, tally) in [("up", &up_tally), ("down", &down_tally)] {
         serde_json::to_writer(&mut *out, &tally.json(serde_json::json!({ "point": point })))?;

@@ -3,6 +3,7 @@
 
 pub mod live;
 pub mod replay;
+pub mod two_points;
 
 use pirate_common::counters;
 

@@ -1,0 +1,157 @@
+//! RLI over a capture at the downstream point, taken where the references still are (before
+//! D's XDP, which drops them: a mirror port, the link's far end): each frame through the
+//! datapath's step (`pirate_common::rli::packet`, the one copy), each interval closed when the
+//! capture passes the time the live point would read it, so the lines are those the live point
+//! would have printed. The frame's capture time stands for both of the datapath's clocks.
+
+use std::{collections::HashMap, io::Write};
+
+use pirate_common::{
+    ctx::PacketCtx,
+    key::FlowKey,
+    rli::{
+        flow::RliFlow,
+        packet,
+        reference::{RliShape, Window},
+        Flows, Reference, References, Taken, Verdict, RING,
+    },
+};
+
+use super::{config::RliConfig, drain::Intervals, report};
+
+/// The references as the datapath's maps hold them.
+struct Refs {
+    ring: Vec<Reference>,
+    newest: u64,
+    window: Window,
+    taken: Vec<Taken>,
+}
+
+impl References for Refs {
+    fn newest(&self) -> u64 {
+        self.newest
+    }
+
+    fn get(&self, seq: u64) -> Option<Reference> {
+        self.ring.get((seq % RING as u64) as usize).copied().filter(|r| r.seq == seq && seq != 0)
+    }
+
+    fn put(&mut self, reference: Reference) {
+        self.ring[(reference.seq % RING as u64) as usize] = reference;
+        self.newest = self.newest.max(reference.seq);
+    }
+
+    fn window(&mut self) -> Option<&mut Window> {
+        Some(&mut self.window)
+    }
+
+    fn taken(&mut self, taken: Taken) -> bool {
+        self.taken.push(taken);
+        true
+    }
+}
+
+/// The flow table: `max_flows` flows, the least recently seen making room, as the datapath's
+/// LRU does (one CPU's).
+struct Table {
+    flows: HashMap<FlowKey, (RliFlow, u64)>,
+    max_flows: usize,
+    now: u64,
+}
+
+impl Flows for Table {
+    fn flow(&mut self, key: &FlowKey) -> Option<&mut RliFlow> {
+        if !self.flows.contains_key(key) && self.flows.len() >= self.max_flows {
+            let oldest = self.flows.iter().min_by_key(|(_, (_, seen))| *seen).map(|(k, _)| *k);
+            oldest.and_then(|k| self.flows.remove(&k));
+        }
+        let (flow, seen) = self.flows.entry(*key).or_default();
+        *seen = self.now;
+        Some(flow)
+    }
+}
+
+/// The downstream point's RLI over a capture.
+pub struct Replay {
+    shape: RliShape,
+    refs: Refs,
+    table: Table,
+    intervals: Intervals,
+    /// The next interval to close, from the first frame's on.
+    next: Option<u64>,
+    /// What the frames did, by `Verdict`, for the summary.
+    pub verdicts: HashMap<&'static str, u64>,
+}
+
+impl Replay {
+    /// RLI as `[rli]` has it, its references' tags checked under `key`, over intervals of
+    /// `interval_ns`.
+    pub fn new(config: &RliConfig, key: [u64; 2], interval_ns: u64) -> Replay {
+        let shape = RliShape { key, ..config.spec(true).shape };
+        Replay {
+            shape,
+            refs: Refs {
+                ring: vec![Reference::default(); RING as usize],
+                newest: 0,
+                window: Window::default(),
+                taken: Vec::new(),
+            },
+            table: Table { flows: HashMap::new(), max_flows: config.max_flows as usize, now: 0 },
+            intervals: Intervals::new(interval_ns),
+            next: None,
+            verdicts: HashMap::new(),
+        }
+    }
+
+    /// One frame parsed into `pkt`, captured at `tai_ns`: whether the downstream point's chain
+    /// goes on with it (false: anything to the reference port, which the datapath drops). The
+    /// intervals the capture has passed are closed first, their lines written into `out`.
+    pub fn frame(
+        &mut self,
+        pkt: &mut PacketCtx,
+        frame: &[u8],
+        tai_ns: u64,
+        out: &mut impl Write,
+    ) -> std::io::Result<bool> {
+        self.close_before(tai_ns, out)?;
+        pkt.ts_ns = tai_ns;
+        self.table.now = tai_ns;
+        let verdict = packet(&self.shape, pkt, frame, || tai_ns, &mut self.refs, &mut self.table);
+        for t in self.refs.taken.drain(..) {
+            self.intervals.taken(t);
+        }
+        *self.verdicts.entry(name(verdict)).or_default() += 1;
+        Ok(verdict == Verdict::Regular)
+    }
+
+    /// Closes every interval up to the capture's last.
+    pub fn finish(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        if self.next.is_some() {
+            self.close_before(self.intervals.due(self.intervals.interval(self.table.now)), out)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the intervals the live point would have read by `tai_ns`.
+    fn close_before(&mut self, tai_ns: u64, out: &mut impl Write) -> std::io::Result<()> {
+        let mut next = *self.next.get_or_insert(self.intervals.interval(tai_ns));
+        while self.intervals.due(next) <= tai_ns {
+            let flows = self.table.flows.iter().map(|(k, (f, _))| (*k, vec![*f])).collect();
+            let refs: Vec<Reference> = self.refs.ring.iter().copied().filter(|r| r.seq != 0).collect();
+            report::write(out, &self.intervals.close(next, flows, &refs))?;
+            next += 1;
+        }
+        self.next = Some(next);
+        Ok(())
+    }
+}
+
+fn name(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Regular => "regular",
+        Verdict::Taken | Verdict::Lost => "taken",
+        Verdict::Forged => "forged",
+        Verdict::Replayed => "replayed",
+        Verdict::Stale => "stale",
+    }
+}

@@ -12,6 +12,7 @@ pub mod linkem;
 pub mod netns;
 pub mod pairs;
 pub mod quic;
+pub mod rli;
 pub mod servers;
 pub mod testbed;
 pub mod twopoint;

@@ -5,7 +5,6 @@
 //! testbed: each flow's delay through a queue against captures at both points.
 
 use std::{
-    collections::{BTreeMap, HashMap},
     net::UdpSocket,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
@@ -18,17 +17,17 @@ use pirate_tests::{
     linkem::{probe::Probes, EmuLink, LinkSpec, EMU_B},
     netns::Netns,
     pairs::quantile,
+    rli::{self, merged, moments, Truth},
     testbed::{metric, Pirated},
-    twopoint::{self, replay_segment, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
+    twopoint::{replay_segment, TwoPoint, TwoPorts, DOWN_IF, RECEIVER_IP, SENDER_IP, UP_IF},
 };
 use pirated::{
     capture::read_all,
-    clock::{self, tai_offset_ns},
+    clock,
     config::Config,
     datapath::{test_run::test_run, Datapath},
     rli::drain::Drain,
 };
-use serde_json::Value;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -147,70 +146,12 @@ const TWO_PORTS_FAR_END: &str = "10.204.2.2";
 const FLOW_PORT: u16 = 9000;
 const FLOWS: u16 = 4;
 
-/// A point's configuration with RLI on (`extra` at the end of `[segment]`): references every
-/// millisecond (5 % of the 20 Mbit/s queue below), to `target`.
+/// RLI's keys for the live tests: references every millisecond (5 % of the 20 Mbit/s queue).
+const LIVE_RLI: &str = "period = \"1ms\"\nlink_bps = 20000000\nmax_share = 0.05\n";
+
+/// A point's configuration for the live tests.
 fn live_config(role: &str, extra: &str, target: &str) -> Result<String> {
-    let key = twopoint::key_file()?;
-    Ok(format!(
-        "[fridge]\nenabled = false\n[segment]\nrole = \"{role}\"\nlisten = \"{PEER_ADDR}\"\npeer = \"{PEER_ADDR}\"\n\
-         key_file = \"{}\"\ninterval = \"1s\"\n{extra}[rli]\nenabled = true\ntarget = \"{target}\"\nperiod = \"1ms\"\n\
-         link_bps = 20000000\nmax_share = 0.05\n",
-        key.display()
-    ))
-}
-
-/// Each probe's delay from U's capture to D's: per measured flow (by destination port), and per
-/// interval (by its arrival at D, on TAI).
-type Captured = (BTreeMap<u16, Vec<f64>>, BTreeMap<i64, Vec<f64>>);
-
-fn captured_delays(up: Vec<(u64, Vec<u8>)>, down: Vec<(u64, Vec<u8>)>) -> Captured {
-    let probes = |frames: Vec<(u64, Vec<u8>)>| -> HashMap<(u16, u64), u64> {
-        frames
-            .into_iter()
-            .filter(|(_, f)| f.len() >= 50 && f[12..14] == [8, 0] && f[23] == 17)
-            .map(|(ts, f)| {
-                ((u16::from_be_bytes([f[36], f[37]]), u64::from_le_bytes(f[42..50].try_into().unwrap())), ts)
-            })
-            .filter(|((port, _), _)| (FLOW_PORT..FLOW_PORT + FLOWS).contains(port))
-            .collect()
-    };
-    let (up, down) = (probes(up), probes(down));
-    let (mut flows, mut intervals): Captured = Default::default();
-    let offset = tai_offset_ns();
-    for (id, sent) in &up {
-        if let Some(arrived) = down.get(id) {
-            let delay = *arrived as f64 - *sent as f64;
-            flows.entry(id.0).or_default().push(delay);
-            intervals.entry((*arrived as i64 + offset) / 1_000_000_000).or_default().push(delay);
-        }
-    }
-    (flows, intervals)
-}
-
-/// Mean and standard deviation of `x`.
-fn moments(x: &[f64]) -> (f64, f64) {
-    let mean = x.iter().sum::<f64>() / x.len() as f64;
-    (mean, (x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt())
-}
-
-/// A flow's `segment_flow` lines merged over the run, for `estimator` ("rli" or "rli_l"):
-/// packets, mean and standard deviation.
-fn merged(lines: &[Value], port: u16, estimator: &str) -> (u64, f64, f64) {
-    let server = format!("{RECEIVER_IP}:{port}");
-    let (mut n, mut sum, mut sq) = (0u64, 0.0, 0.0);
-    for l in lines.iter().filter(|l| l["type"] == "segment_flow" && l["server"] == server.as_str()) {
-        let e = &l[estimator];
-        let k = e["packets"].as_u64().unwrap_or(0);
-        if k == 0 {
-            continue;
-        }
-        let (mean, std) = (e["mean_ns"].as_f64().unwrap(), e["std_dev_ns"].as_f64().unwrap_or(0.0));
-        n += k;
-        sum += k as f64 * mean;
-        sq += k as f64 * (std * std + mean * mean);
-    }
-    let mean = sum / n.max(1) as f64;
-    (n, mean, (sq / n.max(1) as f64 - mean * mean).max(0.0).sqrt())
+    rli::config(role, extra, target, LIVE_RLI)
 }
 
 /// Where the test runs: the namespaces traffic enters and leaves by, the ports the points
@@ -283,13 +224,11 @@ fn one_pirated_on_two_ports_measures_each_flow_through_a_queue() -> Result<()> {
 /// uniform in time: their senders compete with the cross traffic's for the CPU); no reference refused, none reaching the receiver.
 fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Result<()> {
     let emulator = seg.link.start(&"delay=1ms".parse()?, &LinkSpec::default(), 3)?;
-    seg.queue.run(&[
-        "tc", "qdisc", "add", "dev", "u-d", "root", "tbf", "rate", "20mbit", "burst", "8kb", "limit", "400kb",
-    ])?;
+    rli::queue(seg.queue, "20mbit")?;
     let Points { reporter: mut down, config, mut up } = start()?;
     seg.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
     down.wait_for(Duration::from_secs(30), |l| {
-        l["type"] == "segment_references" && l["references"].as_u64() > Some(100)
+        l["type"] == "segment_references" && l["references"].as_u64() > Some(0)
     })?;
     // Anything reaching the receiver on the reference port would be a reference D let through.
     let leaked = seg.receiver.run_in(|| UdpSocket::bind(format!("{RECEIVER_IP}:9466")))??;
@@ -304,25 +243,14 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         Capture::start(seg.link.ns(), EMU_B, &before_d)?,
     ];
     let probes =
-        Probes { count: 4000, gap: Duration::from_millis(1), payload: 200, settle: Duration::from_millis(500) };
+        Probes { count: 3000, gap: Duration::from_millis(1), payload: 200, settle: Duration::from_millis(300) };
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| -> Result<()> {
         // Cross traffic: 60 datagrams of 1400 bytes at once every 100 ms (34 ms of the queue),
-        // from a second before the probes to a second after them.
-        let cross = s.spawn(|| -> Result<()> {
-            let socket = seg.sender.run_in(|| UdpSocket::bind(format!("{SENDER_IP}:0")))??;
-            socket.connect(format!("{RECEIVER_IP}:9100"))?;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..60 {
-                    let _ = socket.send(&[0u8; 1400]);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Ok(())
-        });
-        // The queue's cycle a second long before the probes start: every interval they span,
-        // in part or whole, sees the same delays.
-        std::thread::sleep(Duration::from_secs(1));
+        // from half a second before the probes to half a second after them.
+        let cross = s.spawn(|| rli::cross_traffic(seg.sender, 60, &stop));
+        // The queue's cycle half a second long before the probes start.
+        std::thread::sleep(Duration::from_millis(500));
         let runs: Vec<_> = (0..FLOWS)
             .map(|i| {
                 let probes = probes.clone();
@@ -333,7 +261,7 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         for run in runs {
             run.join().expect("a probe run panicked")?;
         }
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(500));
         stop.store(true, Ordering::Relaxed);
         cross.join().expect("the cross traffic panicked")
     })?;
@@ -354,13 +282,14 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
     emulator.stop()?;
     ensure!(leaked.recv(&mut [0u8; 64]).is_err(), "a reference reached the receiver");
     let taken = metric(&metrics, "pirated_rli_references_total{outcome=\"taken\"}");
-    ensure!(taken > 4000.0, "{taken} references taken over the probes' 4 s and more");
+    ensure!(taken > 3000.0, "{taken} references taken over the probes' 3 s and more");
     for outcome in ["forged", "replayed", "stale"] {
         let refused = metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
         ensure!(refused == 0.0, "{refused} references refused as {outcome}");
     }
 
-    let (truth, intervals) = captured_delays(read_all(captures[0].path())?, read_all(captures[1].path())?);
+    let Truth { flows: truth, intervals, .. } =
+        Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, FLOW_PORT..FLOW_PORT + FLOWS);
     let replayed = replay_segment(&config, captures[0].path(), captures[2].path())?;
     ensure!(truth.len() == FLOWS as usize, "captured flows: {:?}", truth.keys());
     // The segment's delay per interval from the references, against every probe's in it (the
@@ -397,13 +326,14 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         judged += 1;
     }
     ensure!(judged >= 2, "{judged} intervals judged");
-    for (port, delays) in &truth {
+    for (&ports, delays) in &truth {
         let (mean, std) = moments(delays);
-        let (n, rli_mean, rli_std) = merged(&lines, *port, "rli");
-        let (n_l, left_mean, left_std) = merged(&lines, *port, "rli_l");
+        let (n, rli_mean, rli_std) = merged(&lines, ports, "rli");
+        let (n_l, left_mean, left_std) = merged(&lines, ports, "rli_l");
         let err = |x: f64, t: f64| (x / t - 1.0) * 100.0;
         println!(
-            "flow to {port}: {} packets, {:.3} ± {:.3} ms; RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
+            "flow to {}: {} packets, {:.3} ± {:.3} ms; RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
+            ports.1,
             delays.len(),
             mean / 1e6,
             std / 1e6,
@@ -422,7 +352,7 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         ensure!(err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0, "RLI-L off");
         // Replayed from the captures before D: the same references, the packets stamped a few
         // µs earlier than D's XDP did.
-        let (n_r, replayed_mean, replayed_std) = merged(&replayed, *port, "rli");
+        let (n_r, replayed_mean, replayed_std) = merged(&replayed, ports, "rli");
         println!(
             "  replayed: RLI {n_r}: {:.3} ± {:.3} ms ({:+.3} %, {:+.3} % of live)",
             replayed_mean / 1e6,

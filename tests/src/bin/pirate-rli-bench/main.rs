@@ -9,6 +9,9 @@
 //! of delay, against every packet's true delay, and the median signed error of RLI's means.
 //! Then the segment's delay quantiles per interval from the references alone, against every
 //! packet's: the median and worst relative error over intervals, the worst being a burst's.
+//! Then, as root, the same live on the two-point testbed (`testbed`).
+
+mod testbed;
 
 use anyhow::Result;
 use clap::Parser;
@@ -35,6 +38,18 @@ struct Args {
     /// The segment's measurement interval for its quantiles, ms.
     #[arg(long, default_value_t = 100)]
     interval_ms: u64,
+    /// Where: the synthetic segment (no root), the two-point testbed (root), or both.
+    #[arg(long, value_delimiter = ',', default_value = "synthetic,testbed")]
+    on: Vec<On>,
+    /// Flows on the testbed.
+    #[arg(long, default_value_t = 600)]
+    flows: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum On {
+    Synthetic,
+    Testbed,
 }
 
 /// Median and p90 of the magnitudes of `errors` (NaN for none).
@@ -74,6 +89,17 @@ fn errors(truth: &[Sums], est: &[Sums], min: u64, max: u64) -> (Vec<f64>, Vec<f6
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.on.contains(&On::Synthetic) {
+        synthetic(&args)?;
+    }
+    if args.on.contains(&On::Testbed) {
+        testbed::bench(&args.link_shares, args.flows)?;
+    }
+    Ok(())
+}
+
+/// The synthetic segment's tables.
+fn synthetic(args: &Args) -> Result<()> {
     println!(
         "RLI on a synthetic segment: 1 Gb/s FIFO, bursts at 1.5× the link for 2 ms every 50 ms, {} s a trace; relative \
          errors of per-flow mean and std-dev against every packet's true delay, median / p90 over flows of ≥100 \
@@ -139,7 +165,7 @@ fn main() -> Result<()> {
         });
         rows.iter().for_each(|r| println!("{r}"));
     }
-    quantiles(&args)
+    quantiles(args)
 }
 
 /// Per load and way of choosing references (at 0.2 % of the link): per interval, the quantiles

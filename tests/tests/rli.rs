@@ -28,6 +28,7 @@ use pirated::{
     datapath::{test_run::test_run, Datapath},
     rli::drain::Drain,
 };
+use serde_json::Value;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -221,7 +222,8 @@ fn one_pirated_on_two_ports_measures_each_flow_through_a_queue() -> Result<()> {
 /// from captures that hold the references, within 0.2 % and 0.5 % of live; the segment's p99
 /// and std-dev from the references within 10 % of the probes' in every interval the probes
 /// fill (they take a third of the link), its mean within 10 % (the probes are not quite
-/// uniform in time: their senders compete with the cross traffic's for the CPU); no reference refused, none reaching the receiver.
+/// uniform in time: their senders compete with the cross traffic's for the CPU); no reference
+/// refused, none reaching the receiver; the metrics an interval's figures, never a flow's.
 fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Result<()> {
     let emulator = seg.link.start(&"delay=1ms".parse()?, &LinkSpec::default(), 3)?;
     rli::queue(seg.queue, "20mbit")?;
@@ -287,6 +289,16 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         let refused = metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
         ensure!(refused == 0.0, "{refused} references refused as {outcome}");
     }
+    // Prometheus's view: the p99 gauge is an interval's, one observation per flow and interval
+    // went into the histogram of flows' means, and no series is a flow's.
+    let p99 = metric(&metrics, "pirated_rli_delay_quantile_seconds{q=\"0.99\"}");
+    let p99s: Vec<f64> = lines.iter().filter_map(|l| l["quantiles"][2]["delay_ns"].as_f64()).collect();
+    ensure!(p99s.iter().any(|v| (v * 1e-9 - p99).abs() < 1e-12), "the p99 gauge {p99} s is no interval's");
+    let observed = metric(&metrics, "pirated_rli_flow_delay_mean_seconds_count");
+    let with_mean = |l: &&Value| l["type"] == "segment_flow" && l["rli"]["mean_ns"].is_number();
+    let published = lines.iter().filter(with_mean).filter(|l| l["interval"].as_i64() <= Some(after)).count();
+    ensure!(observed >= published as f64 && observed <= lines.iter().filter(with_mean).count() as f64);
+    ensure!(!metrics.lines().any(|l| l.starts_with("pirated_rli") && l.contains("client")), "a series per flow");
 
     let Truth { flows: truth, intervals, .. } =
         Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, FLOW_PORT..FLOW_PORT + FLOWS);

@@ -21,6 +21,9 @@ pub const TAU_SHIFT: u32 = 6;
 pub const MAX_TAU: u64 = 1 << 24;
 /// The most packets of one flow between two references.
 pub const MAX_WAITING: u64 = 1 << 10;
+/// References lost in a row that a span may cross: the packets between are interpolated from
+/// the one before to the first after that arrived.
+pub const MAX_SKIP: u64 = 4;
 /// Squared deviations in units of 16 ns, squared.
 pub const SQ_SHIFT: u32 = 4;
 /// The largest deviation from a counter's centre, and change of delay between two references,
@@ -128,7 +131,7 @@ impl RliFlow {
     }
 
     /// Settles the waiting packets on the reference after theirs, if `reference` has it (else
-    /// they stay unsettled: RLI-L counted them).
+    /// they count as unsettled: RLI-L counted them).
     #[inline(always)]
     pub fn settle(&mut self, reference: impl Fn(u64) -> Option<Reference>) {
         if self.waiting == 0 {
@@ -136,7 +139,7 @@ impl RliFlow {
         }
         let (k, tau, tau_sq) = (self.waiting, self.tau, self.tau_sq);
         (self.waiting, self.tau, self.tau_sq) = (0, 0, 0);
-        let (Some(l), Some(r)) = (reference(self.after_seq), reference(self.after_seq + 1)) else {
+        let (Some(l), Some(r)) = (reference(self.after_seq), self.right(&reference)) else {
             self.unsettled += k;
             return;
         };
@@ -155,6 +158,18 @@ impl RliFlow {
             self.unsettled += k;
         }
     }
+
+    /// The reference after the waiting packets: the first the ring holds of the `MAX_SKIP`
+    /// after theirs (one lost on the way leaves its successor to close the span).
+    #[inline(always)]
+    pub fn right(&self, reference: &impl Fn(u64) -> Option<Reference>) -> Option<Reference> {
+        for skip in 1..=MAX_SKIP {
+            if let Some(r) = reference(self.after_seq + skip) {
+                return Some(r);
+            }
+        }
+        None
+    }
 }
 
 /// `delay_ns` in `SQ_SHIFT` units, rounded to the nearest (truncating would take half a unit
@@ -162,4 +177,34 @@ impl RliFlow {
 #[inline(always)]
 fn units(delay_ns: i64) -> i64 {
     (delay_ns + (1 << (SQ_SHIFT - 1))) >> SQ_SHIFT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packet half-way between a reference and the next one that arrived, after one lost
+    /// between them, is interpolated between the two; after more lost in a row than `MAX_SKIP`
+    /// it is unsettled (RLI-L has it either way).
+    #[test]
+    fn a_lost_reference_leaves_the_span_to_the_next_one() {
+        let at = |seq: u64| Reference { seq, at_ns: seq * 64_000, delay_ns: 1_000_000 + seq as i64 * 1000 };
+        for (lost, interpolated) in [(1, true), (MAX_SKIP - 1, true), (MAX_SKIP, false)] {
+            let right = 1 + lost + 1;
+            let refs = |seq: u64| (seq == 1 || seq == right).then(|| at(seq));
+            let mut flow = RliFlow::default();
+            // Half-way between reference 1 and the right one, in time.
+            flow.on_packet((at(1).at_ns + at(right).at_ns) / 2, refs(1), refs);
+            flow.settle(refs);
+            assert_eq!(flow.left.packets, 1);
+            match interpolated {
+                true => {
+                    assert_eq!((flow.rli.packets, flow.unsettled), (1, 0), "{lost} lost");
+                    let expected = (at(1).delay_ns + at(right).delay_ns) / 2;
+                    assert!((flow.rli.sum_ns - expected).abs() <= 16, "{} against {expected}", flow.rli.sum_ns);
+                }
+                false => assert_eq!((flow.rli.packets, flow.unsettled), (0, 1), "{lost} lost"),
+            }
+        }
+    }
 }

@@ -98,8 +98,9 @@ impl Drain {
         let mut previous = HashMap::with_capacity(flows.len());
         for (key, mut cpus) in flows {
             for flow in &mut cpus {
-                if flow.waiting > 0 && refs.contains_key(&(flow.after_seq + 1)) {
-                    flow.settle(|seq| refs.get(&seq).copied());
+                let reference = |seq| refs.get(&seq).copied();
+                if flow.waiting > 0 && flow.right(&reference).is_some() {
+                    flow.settle(reference);
                 }
             }
             let before = self.previous.remove(&key).unwrap_or_default();

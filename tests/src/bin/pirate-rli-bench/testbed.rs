@@ -95,6 +95,8 @@ fn send(tb: &TwoPoint, flows: &[(u16, Duration, u64)]) -> Result<()> {
 /// A way of placing references, as `[rli]` says it.
 struct Scheme {
     name: String,
+    /// The link emulator's impairments (`LinkSpec`'s syntax).
+    link: &'static str,
     /// The ceiling on the references' share of the link.
     max_share: f64,
     rli: String,
@@ -108,11 +110,14 @@ struct Run {
     down: Vec<(u64, Ports, u64)>,
     references: f64,
     seconds: f64,
+    /// Leaving U (after its queue), the 1st percentile of the time since a reference's stamp,
+    /// and since a measured packet's at U's port (ns): what the two stamps miss.
+    stamps: (f64, f64),
 }
 
 fn run(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<Run> {
     let tb = TwoPoint::new()?;
-    let emulator = tb.segment.start(&"delay=1ms".parse()?, &LinkSpec::default(), 5)?;
+    let emulator = tb.segment.start(&scheme.link.parse()?, &LinkSpec::default(), 5)?;
     rli::queue(&tb.up, "50mbit")?;
     let down_config = rli::config("down", "", RECEIVER_IP, &scheme.rli)?;
     let mut down = Pirated::start(&tb.down, DOWN_IF, &down_config)?;
@@ -121,7 +126,13 @@ fn run(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<Run> {
     down.wait_for(Duration::from_secs(30), |l| l["type"] == "segment_references")?;
     let _sink = tb.receiver.run_in(|| UdpSocket::bind((RECEIVER_IP, PORT)))??;
     let filter = ["-Q", "in", "udp", "dst", "port", "9000"];
-    let mut captures = [Capture::start(&tb.up, UP_IF, &filter)?, Capture::start(&tb.down, DOWN_IF, &filter)?];
+    // Leaving U, after its queue: the references and the measured packets.
+    let leaving = ["-Q", "out", "udp", "and", "(dst", "port", "9000", "or", "dst", "port", "9466)"];
+    let mut captures = [
+        Capture::start(&tb.up, UP_IF, &filter)?,
+        Capture::start(&tb.down, DOWN_IF, &filter)?,
+        Capture::start(&tb.up, "u-d", &leaving)?,
+    ];
     let taken = |d: &Pirated| -> Result<f64> {
         Ok(metric(&d.metrics(&tb.down)?, "pirated_rli_references_total{outcome=\"taken\"}"))
     };
@@ -150,6 +161,7 @@ fn run(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<Run> {
     let lines = down.stop()?;
     emulator.stop()?;
     let (up_frames, down_frames) = (read_all(captures[0].path())?, read_all(captures[1].path())?);
+    let stamps = stamps(&up_frames, &read_all(captures[2].path())?);
     let order = down_frames
         .iter()
         .filter(|(_, f)| f.len() >= 50)
@@ -159,7 +171,29 @@ fn run(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<Run> {
         })
         .collect();
     let truth = Truth::of(up_frames, down_frames, PORT..PORT + 1);
-    Ok(Run { lines, truth, down: order, references, seconds })
+    Ok(Run { lines, truth, down: order, references, seconds, stamps })
+}
+
+/// What stamping a reference before `send` costs beside stamping a forwarded packet at U's
+/// port: leaving U (`leaving`, captured after the queue), the 1st percentile (the queue empty)
+/// of the time since each reference's stamp (its payload, TAI), and since each measured packet
+/// passed U's port (`up`).
+fn stamps(up: &[(u64, Vec<u8>)], leaving: &[(u64, Vec<u8>)]) -> (f64, f64) {
+    let offset = pirated::clock::tai_offset_ns();
+    let key = |f: &[u8]| (u16::from_be_bytes([f[34], f[35]]), u64::from_le_bytes(f[42..50].try_into().unwrap()));
+    let passed: HashMap<(u16, u64), u64> =
+        up.iter().filter(|(_, f)| f.len() >= 50).map(|(ts, f)| (key(f), *ts)).collect();
+    let (mut references, mut forwarded) = (Vec::new(), Vec::new());
+    for (ts, f) in leaving.iter().filter(|(_, f)| f.len() >= 74) {
+        if u16::from_be_bytes([f[36], f[37]]) == 9466 {
+            let stamp = u64::from_be_bytes(f[58..66].try_into().unwrap());
+            references.push((*ts as i64 + offset) as f64 - stamp as f64);
+        } else if let Some(at) = passed.get(&key(f)) {
+            forwarded.push(*ts as f64 - *at as f64);
+        }
+    }
+    let p1 = |v: &mut Vec<f64>| if v.is_empty() { f64::NAN } else { quantile(v, 0.01) };
+    (p1(&mut references), p1(&mut forwarded))
 }
 
 /// Per flow of `min..max` packets, the relative error of the mean (signed) and the std-dev
@@ -215,11 +249,21 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
         "\nRLI live on the two-point testbed: {LINK_BPS} b/s token bucket, cross traffic filling it by 34 ms every \
          100 ms, {flow_count} flows of Pareto sizes ({packets} packets, {big} flows of ≥100), a packet a ms each; per-flow \
          relative error against the captures at U and D, median / p90 over flows of ≥100 packets (and 10–99); the \
-         segment's p99 per interval from the references against every measured packet's, median / worst\n"
+         segment's p99 per interval from the references against every measured packet's, median / worst; leaving U, \
+         the time since a reference's stamp / since a measured packet passed U's port (1st percentile)\n"
     );
     println!(
-        "{:>10} {:>9} {:>8} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:>15}",
-        "scheme", "max share", "link %", "RLI mean", "RLI std", "RLI-L mean", "RLI mean 10–99", "sampled mean", "p99"
+        "{:>10} {:>9} {:>8} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:>15} | {:>11}",
+        "scheme",
+        "max share",
+        "link %",
+        "RLI mean",
+        "RLI std",
+        "RLI-L mean",
+        "RLI mean 10–99",
+        "sampled mean",
+        "p99",
+        "stamps µs"
     );
     for &share in shares {
         let ceiling = WIRE_BYTES as f64 * 8.0 / (share * LINK_BPS as f64);
@@ -235,16 +279,19 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
         let schemes = [
             Scheme {
                 name: format!("1-in-τ {period}"),
+                link: CLEAN,
                 max_share: share,
                 rli: format!("{base}injection = \"period\"\nperiod = \"{period}\"\n"),
             },
             Scheme {
                 name: format!("1-in-{n}"),
+                link: CLEAN,
                 max_share: share,
                 rli: format!("{base}injection = \"packets\"\npackets = {n}\n"),
             },
             Scheme {
                 name: "adaptive".into(),
+                link: CLEAN,
                 max_share: adaptive,
                 rli: format!(
                     "link_bps = {LINK_BPS}\nmax_share = {adaptive}\ninjection = \"adaptive\"\nperiod = \"{}us\"\n",
@@ -253,33 +300,54 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
             },
         ];
         for scheme in &schemes {
-            let r = run(scheme, &flows).with_context(|| format!("{} at {share}", scheme.name))?;
-            let lines = &r.lines;
-            let live = |est: &'static str| move |p: Ports| merged(lines, p, est);
-            let (rli_m, rli_s) = errors(&r.truth, 100, usize::MAX, live("rli"));
-            let (left_m, _) = errors(&r.truth, 100, usize::MAX, live("rli_l"));
-            let (small, _) = errors(&r.truth, 10, 100, live("rli"));
-            let sampled = sampled(&r, r.references);
-            let (sampled_m, _) = errors(&r.truth, 100, usize::MAX, |p| sampled.get(&p).copied().unwrap_or_default());
-            let p99 = p99_errors(&r);
-            let pct = |x: (f64, f64)| format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0);
-            let worst = p99.iter().copied().map(f64::abs).fold(f64::NAN, f64::max);
-            println!(
-                "{:>10} {:>8.2}% {:>8.3} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:6.2} / {:6.2}",
-                scheme.name,
-                scheme.max_share * 100.0,
-                r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds) * 100.0,
-                pct(median_p90(&rli_m)),
-                pct(median_p90(&rli_s)),
-                pct(median_p90(&left_m)),
-                pct(median_p90(&small)),
-                pct(median_p90(&sampled_m)),
-                median(&p99) * 100.0,
-                worst * 100.0,
-            );
+            println!("{}", row(scheme, &flows).with_context(|| format!("{} at {share}", scheme.name))?);
         }
     }
+    // The paper's budget through a lossy link that reorders: references lost (the packets
+    // after one wait for the next: RLI-L has them meanwhile) or overtaken.
+    let ceiling = WIRE_BYTES as f64 * 8.0 / (0.002 * LINK_BPS as f64);
+    let period = format!("{}us", (ceiling * 1e6).ceil() as u64);
+    let lossy = Scheme {
+        name: "1-in-τ, 1 % lost, 1 % reordered".into(),
+        link: "delay=1ms,loss=0.01,reorder=0.01,reorder_delay=0",
+        max_share: 0.002,
+        rli: format!("link_bps = {LINK_BPS}\nmax_share = 0.002\ninjection = \"period\"\nperiod = \"{period}\"\n"),
+    };
+    println!("{}", row(&lossy, &flows).context("the lossy link")?);
     Ok(())
+}
+
+/// The link without impairments but its propagation delay.
+const CLEAN: &str = "delay=1ms";
+
+/// One scheme's run as a row of the table.
+fn row(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<String> {
+    let r = run(scheme, flows)?;
+    let lines = &r.lines;
+    let live = |est: &'static str| move |p: Ports| merged(lines, p, est);
+    let (rli_m, rli_s) = errors(&r.truth, 100, usize::MAX, live("rli"));
+    let (left_m, _) = errors(&r.truth, 100, usize::MAX, live("rli_l"));
+    let (small, _) = errors(&r.truth, 10, 100, live("rli"));
+    let sampled = sampled(&r, r.references);
+    let (sampled_m, _) = errors(&r.truth, 100, usize::MAX, |p| sampled.get(&p).copied().unwrap_or_default());
+    let p99 = p99_errors(&r);
+    let pct = |x: (f64, f64)| format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0);
+    let worst = p99.iter().copied().map(f64::abs).fold(f64::NAN, f64::max);
+    Ok(format!(
+        "{:>10} {:>8.2}% {:>8.3} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:6.2} / {:6.2} | {:4.0} / {:4.0}",
+        scheme.name,
+        scheme.max_share * 100.0,
+        r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds) * 100.0,
+        pct(median_p90(&rli_m)),
+        pct(median_p90(&rli_s)),
+        pct(median_p90(&left_m)),
+        pct(median_p90(&small)),
+        pct(median_p90(&sampled_m)),
+        median(&p99) * 100.0,
+        worst * 100.0,
+        r.stamps.0 / 1e3,
+        r.stamps.1 / 1e3,
+    ))
 }
 
 /// Per interval the measured packets fill, the relative error of the references' p99.

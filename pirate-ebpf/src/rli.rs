@@ -53,7 +53,10 @@ fn step(ctx: &XdpContext) -> Verdict {
 /// its slot's sequence number is cleared first and written last, and a reader takes the slot
 /// only if it reads the same sequence number before and after the rest, so a slot half
 /// written is not taken (x86 keeps stores in order; volatile keeps the compiler from moving
-/// them). The newest's number is written after its slot.
+/// them; a weakly ordered CPU, arm64, gives no such promise without barriers, and a reader
+/// there may take a slot mid-write: one reference's time with another's number, rarely). The
+/// newest's number is written after its slot, and is not compared and set atomically: two
+/// CPUs taking references at once (a replayed copy racing its original) may set it back by one.
 struct Maps;
 
 impl Maps {

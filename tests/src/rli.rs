@@ -101,7 +101,7 @@ pub fn moments(x: &[f64]) -> (f64, f64) {
 
 /// A flow's `segment_flow` lines merged over a run (the flow from the sender's port `ports.0` to
 /// the receiver's `ports.1`), for `estimator` ("rli" or "rli_l"): packets, mean and standard
-/// deviation.
+/// deviation, over the lines with figures.
 pub fn merged(lines: &[Value], ports: Ports, estimator: &str) -> (u64, f64, f64) {
     let (client, server) = (format!("{SENDER_IP}:{}", ports.0), format!("{RECEIVER_IP}:{}", ports.1));
     let (mut n, mut sum, mut sq) = (0u64, 0.0, 0.0);
@@ -109,11 +109,11 @@ pub fn merged(lines: &[Value], ports: Ports, estimator: &str) -> (u64, f64, f64)
         |l: &&Value| l["type"] == "segment_flow" && l["client"] == client.as_str() && l["server"] == server.as_str();
     for l in lines.iter().filter(of_flow) {
         let e = &l[estimator];
-        let k = e["packets"].as_u64().unwrap_or(0);
-        if k == 0 {
+        // Withheld figures (their packets too few to say, or too many left out) count nowhere.
+        let (Some(k), Some(mean)) = (e["packets"].as_u64().filter(|&k| k > 0), e["mean_ns"].as_f64()) else {
             continue;
-        }
-        let (mean, std) = (e["mean_ns"].as_f64().unwrap(), e["std_dev_ns"].as_f64().unwrap_or(0.0));
+        };
+        let std = e["std_dev_ns"].as_f64().unwrap_or(0.0);
         n += k;
         sum += k as f64 * mean;
         sq += k as f64 * (std * std + mean * mean);

@@ -21,8 +21,9 @@ pub const TAU_SHIFT: u32 = 6;
 pub const MAX_TAU: u64 = 1 << 24;
 /// The most packets of one flow between two references.
 pub const MAX_WAITING: u64 = 1 << 10;
-/// References lost in a row that a span may cross: the packets between are interpolated from
-/// the one before to the first after that arrived.
+/// How far after theirs the packets' right reference is looked for: a span crosses up to
+/// `MAX_SKIP` - 1 references lost in a row, interpolated from the one before to the first after
+/// that arrived.
 pub const MAX_SKIP: u64 = 4;
 /// Squared deviations in units of 16 ns, squared.
 pub const SQ_SHIFT: u32 = 4;
@@ -145,9 +146,10 @@ impl RliFlow {
         };
         let span = r.at_ns.saturating_sub(l.at_ns) >> TAU_SHIFT;
         let delta = r.delay_ns.checked_sub(l.delay_ns).filter(|d| d.unsigned_abs() < MAX_SPREAD_NS as u64);
-        // Each τ within the span (arrivals in order), which bounds the products below.
-        let within = tau <= k * span && tau_sq <= k * span * span;
-        let (Some(delta), 1..MAX_TAU, true) = (delta, span, within) else {
+        // The span bounded first, then each τ within it (arrivals in order), which bounds the
+        // products below.
+        let within = (1..MAX_TAU).contains(&span) && tau <= k * span && tau_sq <= k * span * span;
+        let (Some(delta), true) = (delta, within) else {
             self.unsettled += k;
             return;
         };

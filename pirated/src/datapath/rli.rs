@@ -63,13 +63,22 @@ impl RliMaps {
         Ok(out)
     }
 
-    /// The references the ring holds, by sequence number (a slot being written reads as
-    /// another sequence number, and is left out).
+    /// Lets go of flows (ended ones, whose figures are all out). A packet of one arriving at
+    /// that instant is lost to its counters, never miscounted.
+    pub fn remove(&mut self, keys: &[FlowKey]) {
+        for key in keys {
+            // Evicted meanwhile: gone already.
+            let _ = self.flows.remove(key);
+        }
+    }
+
+    /// The references the ring holds, by sequence number. A slot is read twice and taken only
+    /// if both reads agree: one being written reads as a mix of two references.
     pub fn references(&self) -> anyhow::Result<Vec<Reference>> {
         let mut out = Vec::with_capacity(RING as usize);
         for i in 0..RING {
             let r = self.refs.get(&i, 0).context("reading RLI_REFS")?;
-            if r.seq != 0 && r.seq % RING as u64 == i as u64 {
+            if r.seq != 0 && r.seq % RING as u64 == i as u64 && self.refs.get(&i, 0).ok() == Some(r) {
                 out.push(r);
             }
         }

@@ -1,10 +1,8 @@
 //! What the downstream point reads of RLI each interval, live and in replay: the references
 //! taken in it, summarised, and every flow's counters, per CPU, turned into the interval's
-//! figures (what each counter gained since the last read). A flow's
-//! packets waiting for the reference after theirs are settled here on a copy when that
-//! reference has come (the datapath settles them only at the flow's next packet, which an ended
-//! flow never sends); the datapath's own settling later gives the same sums, which the copy
-//! kept as the baseline, so nothing is counted twice.
+//! figures (what each counter gained since the last read, the datapath's own counters the
+//! baseline). An ended flow's packets still waiting for the reference after theirs are settled
+//! here, and the flow let go of (see [`Drain::read`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,7 +22,15 @@ pub struct Figures {
     pub packets: u64,
     pub mean_ns: Option<f64>,
     pub std_dev_ns: Option<f64>,
+    /// Why the figures are withheld, if they are.
+    pub withheld: Option<&'static str>,
 }
+
+/// RLI's figures are withheld when more than this share of the flow's packets in the interval
+/// could not be interpolated: those are the packets far from any reference (a burst of more than
+/// `MAX_WAITING` of them, a span of lost references), often the slowest, whose absence would
+/// read the flow low. RLI-L still has them all.
+pub const MAX_UNSETTLED: f64 = 0.01;
 
 /// One flow's interval.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,11 +52,16 @@ pub struct Intervals {
     delays: BTreeMap<u64, Vec<f64>>,
 }
 
+/// The flow table as read (each flow's counters per CPU) and the references the ring holds.
+pub type TableRead = (Vec<(FlowKey, Vec<RliFlow>)>, Vec<Reference>);
+
 /// What one interval gave.
 pub struct Closed {
     pub interval: u64,
     pub references: Option<Summary>,
     pub flows: Vec<FlowFigures>,
+    /// Flows found ended: the table should let go of them.
+    pub ended: Vec<FlowKey>,
 }
 
 impl Intervals {
@@ -74,47 +85,96 @@ impl Intervals {
         self.delays.entry(self.interval(t.tai_ns)).or_default().push(t.reference.delay_ns as f64);
     }
 
+    /// The table as it stands is no interval's (see [`Drain::baseline`]).
+    pub fn baseline(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>) {
+        self.drain.baseline(flows);
+    }
+
     /// Closes `interval`: its references summarised (late ones of earlier intervals dropped),
-    /// and what every flow's counters gained since the last close.
-    pub fn close(&mut self, interval: u64, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference]) -> Closed {
+    /// and what every flow's counters gained since the last close, from the table as read now
+    /// (`None`: it could not be read; the flows count in the next interval that reads it).
+    /// With `over`, the flows are all taken as ended (a replayed capture's end).
+    pub fn close(&mut self, interval: u64, table: Option<TableRead>, over: bool) -> Closed {
         let mut taken = self.delays.remove(&interval).unwrap_or_default();
         self.delays.retain(|i, _| *i > interval);
-        Closed { interval, references: Summary::of(&mut taken), flows: self.drain.read(flows, references) }
+        let read = table.map(|(flows, refs)| self.drain.read(flows, &refs, over)).unwrap_or_default();
+        Closed { interval, references: Summary::of(&mut taken), flows: read.figures, ended: read.ended }
     }
 }
 
-/// The counters as last read, per flow and CPU.
+/// The counters as last read, per flow and CPU, as the datapath holds them.
 #[derive(Default)]
 pub struct Drain {
     previous: HashMap<FlowKey, Vec<RliFlow>>,
 }
 
+/// What one read of the table gives: the interval's figures, and the flows found ended (their
+/// counters unchanged over a whole interval), whose last packets have just been settled here
+/// and which the table should let go of.
+#[derive(Default)]
+pub struct Read {
+    pub figures: Vec<FlowFigures>,
+    pub ended: Vec<FlowKey>,
+}
+
 impl Drain {
-    /// The interval's figures of every flow that had packets in it, from the table as read
-    /// now and the references the ring holds.
-    pub fn read(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference]) -> Vec<FlowFigures> {
+    /// The counters as they stand, as the baseline of the next read (a restarted pirated's
+    /// first look at a table its predecessor filled: what is in it belongs to no interval).
+    pub fn baseline(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>) {
+        self.previous = flows.into_iter().collect();
+    }
+
+    /// The interval's figures of every flow that had packets in it: what its counters gained
+    /// since the last read. A flow whose counters have not moved since then has ended: the
+    /// packets it left waiting for the reference after theirs are settled here, on the
+    /// references the ring holds (the datapath settles them only at the flow's next packet,
+    /// which an ended flow never sends), counted in this interval, and the flow is let go of
+    /// (so that, should it come back, its counters start afresh rather than settle them twice).
+    /// A flow read twice in one walk counts once.
+    /// With `over` (the capture replayed has ended), every flow is taken as ended.
+    pub fn read(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference], over: bool) -> Read {
         let refs: HashMap<u64, Reference> = references.iter().map(|r| (r.seq, *r)).collect();
-        let mut out = Vec::new();
+        let reference = |seq| refs.get(&seq).copied();
+        let mut out = Read::default();
         let mut previous = HashMap::with_capacity(flows.len());
-        for (key, mut cpus) in flows {
-            for flow in &mut cpus {
-                let reference = |seq| refs.get(&seq).copied();
-                if flow.waiting > 0 && flow.right(&reference).is_some() {
-                    flow.settle(reference);
-                }
+        for (key, cpus) in flows {
+            if previous.contains_key(&key) {
+                continue;
             }
             let before = self.previous.remove(&key).unwrap_or_default();
+            let ended = over || (!before.is_empty() && before == cpus);
+            // Its waiting packets can be settled (or never will: their reference is gone).
+            let resolved =
+                |f: &RliFlow| f.waiting == 0 || f.right(&reference).is_some() || reference(f.after_seq).is_none();
+            if ended && !cpus.iter().all(resolved) {
+                // The reference after them is yet to come: read again next interval.
+                previous.insert(key, cpus);
+                continue;
+            }
             let (mut rli, mut left, mut unsettled) = (Merge::default(), Merge::default(), 0);
-            for (cpu, now) in cpus.iter().enumerate() {
+            for (cpu, raw) in cpus.iter().enumerate() {
                 let was = before.get(cpu).copied().unwrap_or_default();
+                let mut now = *raw;
+                if ended {
+                    now.settle(reference);
+                }
                 rli.add(&gained(&now.rli, &was.rli));
                 left.add(&gained(&now.left, &was.left));
                 unsettled += now.unsettled.saturating_sub(was.unsettled);
             }
-            if left.packets > 0 || rli.packets > 0 {
-                out.push(FlowFigures { key, rli: rli.figures(), left: left.figures(), unsettled });
+            match ended {
+                true => out.ended.push(key),
+                false => {
+                    previous.insert(key, cpus);
+                }
             }
-            previous.insert(key, cpus);
+            if left.packets > 0 || rli.packets > 0 || unsettled > 0 {
+                let mut interpolated = rli.figures();
+                if unsettled as f64 > MAX_UNSETTLED * (rli.packets + unsettled) as f64 {
+                    interpolated = Figures { packets: rli.packets, withheld: Some("unsettled"), ..Figures::default() };
+                }
+                out.figures.push(FlowFigures { key, rli: interpolated, left: left.figures(), unsettled });
+            }
         }
         self.previous = previous;
         out
@@ -165,7 +225,12 @@ impl Merge {
         let n = self.packets as f64;
         let mean = self.sum / n;
         let variance = (self.sq / n - (mean - centre).powi(2)).max(0.0);
-        Figures { packets: self.packets, mean_ns: Some(mean), std_dev_ns: (self.packets > 1).then(|| variance.sqrt()) }
+        Figures {
+            packets: self.packets,
+            mean_ns: Some(mean),
+            std_dev_ns: (self.packets > 1).then(|| variance.sqrt()),
+            withheld: None,
+        }
     }
 }
 
@@ -178,34 +243,57 @@ mod tests {
     }
 
     /// Each read gives what the counters gained since the last, merged over CPUs whatever
-    /// their centres; an ended flow's waiting packets count once the reference after them is
-    /// in the ring, and not again when the datapath settles them itself.
+    /// their centres. A flow whose counters stood still over an interval has ended: its
+    /// waiting packets count once the reference after them is in the ring, once, and the flow
+    /// is let go of; one still moving waits for the datapath to settle them. A flow read twice
+    /// in a walk counts once; what a table held before the first read counts nowhere.
     #[test]
     fn each_interval_counts_what_it_gained_once() {
         let refs =
             [Reference { seq: 1, at_ns: 0, delay_ns: 1000 }, Reference { seq: 2, at_ns: 64_000, delay_ns: 3000 }];
-        let mut flow = RliFlow::default();
         let newest = |n: u64| refs.iter().copied().find(|r| r.seq == n);
-        // Two packets a quarter and three quarters of the way: 1500 and 2500 ns.
+        // Two packets a quarter and three quarters of the way: 1500 and 2500 ns; on another
+        // CPU one half-way, 2000 ns.
+        let mut flow = RliFlow::default();
         flow.on_packet(16_000, newest(1), newest);
         flow.on_packet(48_000, newest(1), newest);
         let mut other = RliFlow::default();
         other.on_packet(32_000, newest(1), newest);
+        let table = |a: RliFlow, b: RliFlow| vec![(key(1), vec![a, b]), (key(1), vec![a, b])];
         let mut drain = Drain::default();
-        // Only the first reference has come: RLI-L counts, RLI waits.
-        let first = drain.read(vec![(key(1), vec![flow, other])], &refs[..1]);
-        assert_eq!((first[0].left.packets, first[0].left.mean_ns), (3, Some(1000.0)));
-        assert_eq!(first[0].rli.packets, 0);
-        // The second has: the three settle here (1500, 2500 and 2000 ns, two CPUs).
-        let second = drain.read(vec![(key(1), vec![flow, other])], &refs);
-        let rli = second[0].rli;
-        assert_eq!((rli.packets, second[0].left.packets), (3, 0));
+        // Only the first reference has come: RLI-L counts, RLI waits; counted once.
+        let first = drain.read(table(flow, other), &refs[..1], false).figures;
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].left.packets, first[0].left.mean_ns, first[0].rli.packets), (3, Some(1000.0), 0));
+        // Unchanged, but the reference after them is yet to come: nothing, kept.
+        let waiting = drain.read(table(flow, other), &refs[..1], false);
+        assert_eq!((waiting.figures.len(), waiting.ended.len()), (0, 0));
+        // It has come: the three settle here, once, and the flow is let go of.
+        let ended = drain.read(table(flow, other), &refs, false);
+        let rli = ended.figures[0].rli;
+        assert_eq!((rli.packets, ended.figures[0].left.packets, ended.ended.len()), (3, 0, 1));
         assert!((rli.mean_ns.unwrap() - 2000.0).abs() < 1.0, "{rli:?}");
         assert!((rli.std_dev_ns.unwrap() - (500_000.0f64 / 3.0).sqrt()).abs() < 16.0, "{rli:?}");
-        // The datapath settles them later itself: nothing new.
-        for f in [&mut flow, &mut other] {
-            f.settle(newest);
-        }
-        assert_eq!(drain.read(vec![(key(1), vec![flow, other])], &refs), vec![]);
+
+        // A flow that moves on instead: the datapath settles its packets, counted then.
+        let mut drain = Drain::default();
+        drain.baseline(table(flow, other));
+        let (mut moved, stayed) = (flow, other);
+        moved.on_packet(70_000, newest(2), newest);
+        let read = drain.read(table(moved, stayed), &refs, false);
+        assert_eq!(read.ended.len(), 0);
+        assert_eq!((read.figures[0].rli.packets, read.figures[0].left.packets), (2, 1));
+        // Nothing of what the baseline held counted.
+        assert_eq!(drain.read(table(moved, stayed), &refs, false).figures.len(), 0);
+
+        // An ended flow whose references the ring no longer holds: its waiting packets count
+        // as unsettled, once (and withhold RLI's figure), and the flow is let go of.
+        let mut drain = Drain::default();
+        drain.baseline(table(flow, other));
+        let gone = drain.read(table(flow, other), &[], false);
+        assert_eq!(
+            (gone.figures[0].unsettled, gone.figures[0].rli.withheld, gone.ended.len()),
+            (3, Some("unsettled"), 1)
+        );
     }
 }

@@ -80,6 +80,11 @@ impl Schedule {
         }
     }
 
+    /// The shortest gap between two references.
+    pub fn ceiling_ns(&self) -> u64 {
+        self.ceiling_ns
+    }
+
     /// The smoothed utilisation of the link, 0..=1.
     pub fn utilisation(&self) -> f64 {
         self.utilisation.clamp(0.0, 1.0)

@@ -83,9 +83,10 @@ fn inject(
     sent: &AtomicU64,
     failed: &AtomicU64,
 ) {
-    let poll = schedule.poll_ns();
+    let (poll, ceiling) = (schedule.poll_ns(), schedule.ceiling_ns());
     let mut seq = clock::now() / 1000;
     let mut next = clock::now();
+    let mut last_sent: Option<u64> = None;
     let mut warned = false;
     let mut warn_once = |what: &str, e: &dyn std::fmt::Display| {
         if !std::mem::replace(&mut warned, true) {
@@ -94,14 +95,17 @@ fn inject(
         failed.fetch_add(1, Ordering::Relaxed);
     };
     while !stop.load(Ordering::Relaxed) {
+        // In slices: a clock stepped back is not slept through, nor is a stop.
         let now = clock::now();
         if now < next {
-            std::thread::sleep(Duration::from_nanos(next - now));
+            std::thread::sleep(Duration::from_nanos(next - now).min(Duration::from_millis(100)));
+            continue;
         }
         let at = next;
         next += poll;
-        while next <= clock::now() {
-            next += poll;
+        if next <= now {
+            // Late, or the clock stepped forward: on along the grid.
+            next += (now - next) / poll * poll + poll;
         }
         let link = match egress.as_ref().map(Egress::read).transpose() {
             Ok(link) => link.unwrap_or_default(),
@@ -114,8 +118,14 @@ fn inject(
             continue;
         }
         schedule.sent(at, link);
+        // Never two closer than the ceiling, whatever the wakes: this one waits for it.
+        if let Some(gap) = last_sent.map(|last| clock::now().saturating_sub(last)).filter(|&gap| gap < ceiling) {
+            std::thread::sleep(Duration::from_nanos(ceiling - gap));
+        }
         seq += 1;
-        match socket.send(&seal(key, seq, clock::now())) {
+        let stamp = clock::now();
+        last_sent = Some(stamp);
+        match socket.send(&seal(key, seq, stamp)) {
             Ok(_) => {
                 sent.fetch_add(1, Ordering::Relaxed);
             }
@@ -130,19 +140,30 @@ fn inject(
 pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, metrics: Shared, lines: Option<Lines>) -> TaskHandle<()> {
     tokio::spawn(async move {
         let mut intervals = Intervals::new(interval_ns);
+        // What the table holds now (a previous pirated's) belongs to no interval of ours.
+        match maps.flows() {
+            Ok(flows) => intervals.baseline(flows),
+            Err(e) => warn!("rli: reading the flows: {e:#}"),
+        }
         let mut next = intervals.interval(clock::now());
         let mut counted = maps.counters.read().unwrap_or([0; counters::COUNT as usize]);
         loop {
-            tokio::time::sleep(Duration::from_nanos(intervals.due(next).saturating_sub(clock::now()))).await;
-            maps.drain_taken(|t| intervals.taken(t));
-            let (flows, refs) = match maps.flows().and_then(|f| Ok((f, maps.references()?))) {
-                Ok(read) => read,
+            // The references taken are handed over as they come (their ring holds seconds of
+            // them, an interval may last an hour).
+            while clock::now() < intervals.due(next) {
+                let wait = Duration::from_nanos(intervals.due(next).saturating_sub(clock::now()));
+                tokio::time::sleep(wait.min(Duration::from_millis(100))).await;
+                maps.drain_taken(|t| intervals.taken(t));
+            }
+            let table = match maps.flows().and_then(|f| Ok((f, maps.references()?))) {
+                Ok(read) => Some(read),
                 Err(e) => {
                     warn!("rli: reading the flows: {e:#}");
-                    Default::default()
+                    None
                 }
             };
-            let closed = intervals.close(next, flows, &refs);
+            let closed = intervals.close(next, table, false);
+            maps.remove(&closed.ended);
             let now = maps.counters.read().unwrap_or(counted);
             let delta = std::array::from_fn(|i| now[i].saturating_sub(counted[i]));
             counted = now;
@@ -156,7 +177,8 @@ pub fn spawn_downstream(mut maps: RliMaps, interval_ns: u64, metrics: Shared, li
                     lines.send(text);
                 }
             }
-            next += 1;
+            // The clock stepped forward: the intervals it skipped had no reading of their own.
+            next = (next + 1).max(intervals.interval(clock::now()).saturating_sub(1));
         }
     })
 }

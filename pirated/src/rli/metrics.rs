@@ -144,7 +144,9 @@ impl Metrics {
         self.std_dev.clear();
         if let Some(s) = references {
             self.mean.get_or_create(&Vec::new()).set(s.mean * 1e-9);
-            self.std_dev.get_or_create(&Vec::new()).set(s.std_dev * 1e-9);
+            if s.count > 1 {
+                self.std_dev.get_or_create(&Vec::new()).set(s.std_dev * 1e-9);
+            }
         }
         for ((q, _), v) in QUANTILES.iter().zip(references.map(|s| s.quantiles).unwrap_or_default()) {
             if let Some(v) = v {

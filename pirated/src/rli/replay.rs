@@ -17,7 +17,11 @@ use pirate_common::{
     },
 };
 
-use super::{config::RliConfig, drain::Intervals, report};
+use super::{
+    config::RliConfig,
+    drain::{Intervals, TableRead},
+    report,
+};
 
 /// The references as the datapath's maps hold them.
 struct Refs {
@@ -124,21 +128,34 @@ impl Replay {
         Ok(verdict == Verdict::Regular)
     }
 
-    /// Closes every interval up to the capture's last.
+    /// Closes every interval up to the capture's last, then the one after it with every flow
+    /// taken as ended (the capture has, and the live point would find them so later).
     pub fn finish(&mut self, out: &mut impl Write) -> std::io::Result<()> {
-        if self.next.is_some() {
-            self.close_before(self.intervals.due(self.intervals.interval(self.table.now)), out)?;
+        if self.next.is_none() {
+            return Ok(());
         }
-        Ok(())
+        let last = self.intervals.interval(self.table.now);
+        self.close_before(self.intervals.due(last), out)?;
+        let closed = self.intervals.close(last + 1, Some(self.table_now()), true);
+        self.table.flows.clear();
+        report::write(out, &closed)
+    }
+
+    /// The flow table and the references, as the live point's drain reads them.
+    fn table_now(&self) -> TableRead {
+        let flows = self.table.flows.iter().map(|(k, (f, _))| (*k, vec![*f])).collect();
+        (flows, self.refs.ring.iter().copied().filter(|r| r.seq != 0).collect())
     }
 
     /// Closes the intervals the live point would have read by `tai_ns`.
     fn close_before(&mut self, tai_ns: u64, out: &mut impl Write) -> std::io::Result<()> {
         let mut next = *self.next.get_or_insert(self.intervals.interval(tai_ns));
         while self.intervals.due(next) <= tai_ns {
-            let flows = self.table.flows.iter().map(|(k, (f, _))| (*k, vec![*f])).collect();
-            let refs: Vec<Reference> = self.refs.ring.iter().copied().filter(|r| r.seq != 0).collect();
-            report::write(out, &self.intervals.close(next, flows, &refs))?;
+            let closed = self.intervals.close(next, Some(self.table_now()), false);
+            for key in &closed.ended {
+                self.table.flows.remove(key);
+            }
+            report::write(out, &closed)?;
             next += 1;
         }
         self.next = Some(next);

@@ -14,7 +14,7 @@ use super::{
 
 /// Writes a closed interval's lines into `out`.
 pub fn write(out: &mut impl Write, closed: &Closed) -> std::io::Result<()> {
-    let Closed { interval, references, flows } = closed;
+    let Closed { interval, references, flows, .. } = closed;
     let references = references.as_ref();
     let quantiles: Vec<Value> = QUANTILES
         .iter()
@@ -26,12 +26,13 @@ pub fn write(out: &mut impl Write, closed: &Closed) -> std::io::Result<()> {
         "interval": interval,
         "references": references.map_or(0, |s| s.count),
         "mean_ns": references.map(|s| s.mean),
-        "std_dev_ns": references.map(|s| s.std_dev),
+        // A spread needs two.
+        "std_dev_ns": references.filter(|s| s.count > 1).map(|s| s.std_dev),
         "quantiles": quantiles,
     });
     serde_json::to_writer(&mut *out, &line)?;
     out.write_all(b"\n")?;
-    let figures = |f: &Figures| json!({ "packets": f.packets, "mean_ns": f.mean_ns, "std_dev_ns": f.std_dev_ns });
+    let figures = |f: &Figures| json!({ "packets": f.packets, "mean_ns": f.mean_ns, "std_dev_ns": f.std_dev_ns, "withheld": f.withheld });
     for f in flows {
         let line = json!({
             "type": "segment_flow",

@@ -4,7 +4,10 @@
 //! capture passes the time the live point would read it, so the lines are those the live point
 //! would have printed. The frame's capture time stands for both of the datapath's clocks.
 
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::{BTreeSet, HashMap},
+    io::Write,
+};
 
 use pirate_common::{
     ctx::PacketCtx,
@@ -56,21 +59,40 @@ impl References for Refs {
 }
 
 /// The flow table: `max_flows` flows, the least recently seen making room, as the datapath's
-/// LRU does (one CPU's).
+/// LRU does (one CPU's); the flows by when they were last seen, so that making room is a
+/// lookup, not a walk of the table.
+#[derive(Default)]
 struct Table {
     flows: HashMap<FlowKey, (RliFlow, u64)>,
+    by_seen: BTreeSet<(u64, FlowKey)>,
     max_flows: usize,
     now: u64,
+}
+
+impl Table {
+    fn remove(&mut self, key: &FlowKey) {
+        if let Some((_, seen)) = self.flows.remove(key) {
+            self.by_seen.remove(&(seen, *key));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.flows.clear();
+        self.by_seen.clear();
+    }
 }
 
 impl Flows for Table {
     fn flow(&mut self, key: &FlowKey) -> Option<&mut RliFlow> {
         if !self.flows.contains_key(key) && self.flows.len() >= self.max_flows {
-            let oldest = self.flows.iter().min_by_key(|(_, (_, seen))| *seen).map(|(k, _)| *k);
-            oldest.and_then(|k| self.flows.remove(&k));
+            if let Some((_, oldest)) = self.by_seen.pop_first() {
+                self.flows.remove(&oldest);
+            }
         }
         let (flow, seen) = self.flows.entry(*key).or_default();
+        self.by_seen.remove(&(*seen, *key));
         *seen = self.now;
+        self.by_seen.insert((self.now, *key));
         Some(flow)
     }
 }
@@ -100,7 +122,7 @@ impl Replay {
                 window: Window::default(),
                 taken: Vec::new(),
             },
-            table: Table { flows: HashMap::new(), max_flows: config.max_flows as usize, now: 0 },
+            table: Table { max_flows: config.max_flows as usize, ..Table::default() },
             intervals: Intervals::new(interval_ns),
             next: None,
             verdicts: HashMap::new(),
@@ -137,7 +159,7 @@ impl Replay {
         let last = self.intervals.interval(self.table.now);
         self.close_before(self.intervals.due(last), out)?;
         let closed = self.intervals.close(last + 1, Some(self.table_now()), true);
-        self.table.flows.clear();
+        self.table.clear();
         report::write(out, &closed)
     }
 
@@ -153,7 +175,7 @@ impl Replay {
         while self.intervals.due(next) <= tai_ns {
             let closed = self.intervals.close(next, Some(self.table_now()), false);
             for key in &closed.ended {
-                self.table.flows.remove(key);
+                self.table.remove(key);
             }
             report::write(out, &closed)?;
             next += 1;
@@ -170,5 +192,26 @@ fn name(verdict: Verdict) -> &'static str {
         Verdict::Forged => "forged",
         Verdict::Replayed => "replayed",
         Verdict::Stale => "stale",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full table makes room by the least recently seen flow, as the datapath's LRU does.
+    #[test]
+    fn the_least_recently_seen_flow_makes_room() {
+        let key = |port| FlowKey { sport: port, ..FlowKey::default() };
+        let mut table = Table { max_flows: 2, ..Table::default() };
+        for (now, port) in [(1, 1), (2, 2), (3, 1), (4, 3)] {
+            table.now = now;
+            table.flow(&key(port));
+        }
+        let mut held: Vec<u16> = table.flows.keys().map(|k| k.sport).collect();
+        held.sort_unstable();
+        assert_eq!((held, table.by_seen.len()), (vec![1, 3], 2));
+        table.remove(&key(1));
+        assert_eq!((table.flows.len(), table.by_seen.len()), (1, 1));
     }
 }

@@ -102,7 +102,6 @@ impl RliConfig {
             return refuse(&["rli.packets"], "rli.packets = 0: one reference every n packets, n at least 1".into());
         }
         if self.injection != Injection::Packets && self.share() > self.max_share {
-            let least = Duration::from_secs_f64(WIRE_BYTES as f64 * 8.0 / (self.max_share * self.link_bps as f64));
             return refuse(
                 &["rli.period", "rli.max_share", "rli.link_bps"],
                 format!(
@@ -112,7 +111,7 @@ impl RliConfig {
                     self.share() * 100.0,
                     self.link_bps,
                     self.max_share * 100.0,
-                    humantime::format_duration(Duration::from_micros(least.as_micros() as u64 + 1)),
+                    humantime::format_duration(Duration::from_micros(self.ceiling_ns() / 1000 + 1)),
                 ),
             );
         }

@@ -6,7 +6,7 @@
 use std::{
     net::{SocketAddr, UdpSocket},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     thread::JoinHandle,
@@ -33,9 +33,6 @@ pub fn tag_key(psk: &Psk) -> [u64; 2] {
 pub struct Injector {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    /// References sent, and sends that failed.
-    pub sent: Arc<AtomicU64>,
-    pub failed: Arc<AtomicU64>,
 }
 
 impl Injector {
@@ -49,16 +46,15 @@ impl Injector {
         socket.connect(target).with_context(|| format!("no route for references to {target}"))?;
         let schedule = rli.schedule();
         let egress = schedule.reads_link().then(|| Egress::of(&socket)).transpose()?;
-        let (stop, sent, failed) =
-            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let (s, n, f) = (stop.clone(), sent.clone(), failed.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
         let interface = egress.as_ref().map(|e| e.interface.clone());
         let thread = std::thread::Builder::new()
             .name("rli-references".into())
-            .spawn(move || inject(socket, key, schedule, egress, &s, &n, &f))
+            .spawn(move || inject(socket, key, schedule, egress, &s))
             .context("starting the references' thread")?;
         info!(%target, injection = ?rli.injection, period = %rli.period, interface, "rli: sending references");
-        Ok(Injector { stop, thread: Some(thread), sent, failed })
+        Ok(Injector { stop, thread: Some(thread) })
     }
 }
 
@@ -74,15 +70,7 @@ impl Drop for Injector {
 /// The injector's loop: it wakes on a grid of the schedule's poll period (a late wake moves on
 /// along the grid: the missed ones are not sent in a burst), asks the schedule, and stamps a
 /// reference just before it goes to the socket.
-fn inject(
-    socket: UdpSocket,
-    key: [u64; 2],
-    mut schedule: Schedule,
-    egress: Option<Egress>,
-    stop: &AtomicBool,
-    sent: &AtomicU64,
-    failed: &AtomicU64,
-) {
+fn inject(socket: UdpSocket, key: [u64; 2], mut schedule: Schedule, egress: Option<Egress>, stop: &AtomicBool) {
     let (poll, ceiling) = (schedule.poll_ns(), schedule.ceiling_ns());
     let mut seq = clock::now() / 1000;
     let mut next = clock::now();
@@ -90,9 +78,8 @@ fn inject(
     let mut warned = false;
     let mut warn_once = |what: &str, e: &dyn std::fmt::Display| {
         if !std::mem::replace(&mut warned, true) {
-            warn!("rli: {what}: {e} (counted; said once)");
+            warn!("rli: {what}: {e} (said once)");
         }
-        failed.fetch_add(1, Ordering::Relaxed);
     };
     while !stop.load(Ordering::Relaxed) {
         // In slices: a clock stepped back is not slept through, nor is a stop.
@@ -125,11 +112,8 @@ fn inject(
         seq += 1;
         let stamp = clock::now();
         last_sent = Some(stamp);
-        match socket.send(&seal(key, seq, stamp)) {
-            Ok(_) => {
-                sent.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => warn_once("sending a reference failed", &e),
+        if let Err(e) = socket.send(&seal(key, seq, stamp)) {
+            warn_once("sending a reference failed", &e);
         }
     }
 }

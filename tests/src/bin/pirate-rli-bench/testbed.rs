@@ -45,14 +45,12 @@ const PAYLOAD: usize = 200;
 /// One run's flows: per flow, its source port, its first packet's offset from the run's start
 /// and its packet count (a packet a ms).
 fn flows(count: usize, seed: u64) -> Vec<(u16, Duration, u64)> {
+    // SplitMix64: the project's hash of a counter stepping by its constant.
     let mut state = seed;
     let mut uniform = || {
-        // SplitMix64.
+        let z = pirate_common::hash::seeded(0, state);
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        (z >> 11) as f64 / (1u64 << 53) as f64
     };
     (0..count)
         .map(|i| {
@@ -266,7 +264,7 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
         "stamps µs"
     );
     for &share in shares {
-        let ceiling = WIRE_BYTES as f64 * 8.0 / (share * LINK_BPS as f64);
+        let ceiling = ceiling(share);
         // 1-in-n at the budget for the packets the link carries on average (the flows', the
         // cross traffic's 1 500 a second).
         let pps = packets as f64 / 5.0 + 1500.0;
@@ -305,8 +303,7 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
     }
     // The paper's budget through a lossy link that reorders: references lost (the packets
     // after one wait for the next: RLI-L has them meanwhile) or overtaken.
-    let ceiling = WIRE_BYTES as f64 * 8.0 / (0.002 * LINK_BPS as f64);
-    let period = format!("{}us", (ceiling * 1e6).ceil() as u64);
+    let period = format!("{}us", (ceiling(0.002) * 1e6).ceil() as u64);
     let lossy = Scheme {
         name: "1-in-τ, 1 % lost, 1 % reordered".into(),
         link: "delay=1ms,loss=0.01,reorder=0.01,reorder_delay=0",
@@ -315,6 +312,11 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
     };
     println!("{}", row(&lossy, &flows).context("the lossy link")?);
     Ok(())
+}
+
+/// The shortest gap between references that keeps them within `share` of the link, s.
+fn ceiling(share: f64) -> f64 {
+    WIRE_BYTES as f64 * 8.0 / (share * LINK_BPS as f64)
 }
 
 /// The link without impairments but its propagation delay.

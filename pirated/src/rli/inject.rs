@@ -29,9 +29,9 @@ pub struct Link {
 }
 
 /// The smoothing of the utilisation the adaptive scheme reads: an average over about a second,
-/// so that the rate follows the load, not the queue. Over 10 ms (the first build) the references
-/// fled every burst (the link busy while its queue is full) and sampled the quiet times alone:
-/// flows read 23-87 % low on the testbed.
+/// so that the rate follows the load, not the queue (a link is busiest exactly while a burst
+/// fills its queue: a short average would send references away from every burst;
+/// docs/accuracy.md).
 const UTILISATION_NS: f64 = 1e9;
 
 /// The decisions of one injector.

@@ -11,6 +11,7 @@ pub mod counters;
 pub mod ctx;
 pub mod fridge;
 pub mod hash;
+pub mod identity;
 pub mod key;
 pub mod lb;
 pub mod maps;

@@ -6,7 +6,8 @@ use aya_ebpf::{helpers::bpf_ktime_get_tai_ns, macros::xdp, programs::XdpContext}
 use pirate_common::{
     counters,
     ctx::CHAIN_SEGMENT,
-    segment::{identity::identity, lda::LdaCell, packet, rda::RdaBucket, CacheEntry, Cached, Seen, Store},
+    identity::identity,
+    segment::{lda::LdaCell, packet, rda::RdaBucket, CacheEntry, Cached, Seen, Store},
 };
 
 use crate::{

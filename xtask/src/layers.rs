@@ -76,6 +76,7 @@ pub const CRATES: &[Layers] = &[
             ("counters", 0, Shared),
             ("maps", 0, Shared),
             ("hash", 0, Shared),
+            ("identity", 0, Shared),
             ("key", 0, Shared),
             ("ctx", 0, Shared),
             ("parse", 0, Shared),

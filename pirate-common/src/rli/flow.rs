@@ -3,14 +3,17 @@
 //! packets, Σ delay and Σ delay² by the left reference (RLI-L) and by interpolation between the
 //! references before and after each packet (RLI). The packets after the newest reference cannot
 //! be interpolated yet: they wait in three sums (how many, Σ τ, Σ τ², τ their time since that
-//! reference), which the next reference settles, since Σ (d_L + s·τ)² expands into them.
+//! reference), which the next reference settles, since Σ (d_L + s·τ)² expands into them. A
+//! sampled reference's delay comes later than the packet (its upstream time crosses the peer
+//! channel): the packets around it wait in a group of their own until it is in, a few groups a
+//! flow.
 //!
 //! Squares are taken around a centre (the first delay a counter takes) in units of 16 ns: a
 //! square of the delay itself, rounded to any unit the sums can hold, loses the variance of a
 //! flow whose spread is small beside its delay. Beyond the bounds below
 //! (references further apart than `MAX_TAU`, more than `MAX_WAITING` packets of a flow between
-//! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre) a packet is counted by
-//! RLI-L alone, or not at all, and counted as `unsettled`.
+//! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre, more references pending
+//! than `GROUPS`) a packet is counted by RLI-L alone, or not at all, and counted as `unsettled`.
 
 /// τ's unit: 64 ns.
 pub const TAU_SHIFT: u32 = 6;
@@ -81,15 +84,61 @@ impl Counters {
     }
 }
 
+/// A reference's delay not known yet: a sampled packet at the downstream point, whose time at
+/// the upstream point is still on its way over the peer channel.
+pub const PENDING: i64 = i64::MIN;
+/// A reference's delay never to be known: a sampled packet the upstream point has no time for.
+pub const VOID: i64 = i64::MIN + 1;
+
 /// A reference packet as the downstream point took it: its sequence number, its arrival (ns,
 /// the datapath's monotonic clock, which regular packets are stamped on too) and its delay
-/// (ns, the points' shared clock: TAI).
+/// (ns, the points' shared clock: TAI), or [`PENDING`] or [`VOID`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reference {
     pub seq: u64,
     pub at_ns: u64,
     pub delay_ns: i64,
+}
+
+impl Reference {
+    /// Its delay, if known.
+    #[inline(always)]
+    pub fn delay(&self) -> Option<i64> {
+        (self.delay_ns != PENDING && self.delay_ns != VOID).then_some(self.delay_ns)
+    }
+
+    #[inline(always)]
+    pub fn pending(&self) -> bool {
+        self.delay_ns == PENDING
+    }
+}
+
+/// How many groups of waiting packets a flow keeps: packets after references whose delays are
+/// still pending wait in a group per reference (an injected reference's delay is known on
+/// arrival, and one group is all a flow ever uses).
+pub const GROUPS: usize = 4;
+/// `Waiting::after`'s top bit: the reference's delay was pending when the group opened, so
+/// RLI-L counts its packets when it settles, not on arrival.
+const DEFERRED: u64 = 1 << 63;
+
+/// A flow's packets after one reference, waiting for the next: how many, Σ τ, Σ τ² (τ their
+/// time since that reference, `TAU_SHIFT` units), and the reference's number (with [`DEFERRED`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Waiting {
+    pub after: u64,
+    pub packets: u64,
+    pub tau: u64,
+    pub tau_sq: u64,
+}
+
+impl Waiting {
+    /// The reference the packets follow.
+    #[inline(always)]
+    pub fn seq(&self) -> u64 {
+        self.after & !DEFERRED
+    }
 }
 
 /// One flow's counters at the downstream point.
@@ -100,77 +149,153 @@ pub struct RliFlow {
     pub rli: Counters,
     /// By the left reference (RLI-L).
     pub left: Counters,
-    /// The reference the waiting packets follow (meaningful while `waiting` > 0).
-    pub after_seq: u64,
-    /// The packets waiting for the next reference: how many, Σ τ, Σ τ² (`TAU_SHIFT` units).
-    pub waiting: u64,
-    pub tau: u64,
-    pub tau_sq: u64,
-    /// Packets RLI could not interpolate (outside the bounds, or their right reference lost).
+    /// The packets waiting for the reference after theirs, a group per reference.
+    pub waiting: [Waiting; GROUPS],
+    /// Packets RLI could not interpolate (outside the bounds, their right reference lost,
+    /// their left one's delay never known, or more references pending than `GROUPS`).
     pub unsettled: u64,
 }
 
 impl RliFlow {
     /// A regular packet of the flow, arriving at `at_ns`, where `newest` is the newest reference
-    /// the point has and `reference(seq)` finds an earlier one (the ring keeps a few). A packet
-    /// before any reference counts nowhere.
+    /// the point has and `reference(seq)` finds an earlier one (the ring keeps a few). The
+    /// groups of earlier references settle first, those whose delays are in. A packet before
+    /// any reference counts nowhere.
     #[inline(always)]
     pub fn on_packet(&mut self, at_ns: u64, newest: Option<Reference>, reference: impl Fn(u64) -> Option<Reference>) {
         let Some(newest) = newest else { return };
-        if self.waiting > 0 && self.after_seq != newest.seq {
-            self.settle(reference);
-        }
+        self.settle_ready(newest.seq, newest.seq, false, &reference);
         let tau = at_ns.saturating_sub(newest.at_ns) >> TAU_SHIFT;
-        if !self.left.add(newest.delay_ns) || tau >= MAX_TAU || self.waiting >= MAX_WAITING {
+        let mut group = GROUPS;
+        for i in 0..GROUPS {
+            if self.waiting[i].packets > 0 && self.waiting[i].seq() == newest.seq {
+                group = i;
+                break;
+            }
+        }
+        if group == GROUPS {
+            for i in 0..GROUPS {
+                if self.waiting[i].packets == 0 {
+                    self.waiting[i].after = newest.seq | if newest.pending() { DEFERRED } else { 0 };
+                    group = i;
+                    break;
+                }
+            }
+        }
+        // Masked for the verifier, which then knows the index within the array.
+        let deferred = group < GROUPS && self.waiting[group & (GROUPS - 1)].after & DEFERRED != 0;
+        let counted = match newest.delay() {
+            Some(d) if !deferred => self.left.add(d),
+            _ => deferred && newest.delay_ns != VOID,
+        };
+        if !counted || group == GROUPS || tau >= MAX_TAU || self.waiting[group & (GROUPS - 1)].packets >= MAX_WAITING {
             self.unsettled += 1;
             return;
         }
-        self.after_seq = newest.seq;
-        self.waiting += 1;
-        self.tau += tau;
-        self.tau_sq += tau * tau;
+        let w = &mut self.waiting[group & (GROUPS - 1)];
+        w.packets += 1;
+        w.tau += tau;
+        w.tau_sq += tau * tau;
     }
 
-    /// Settles the waiting packets on the reference after theirs, if `reference` has it (else
-    /// they count as unsettled: RLI-L counted them).
+    /// Settles every waiting group on the references around it that `reference` has; those it
+    /// has not, or whose delays never came, count as unsettled (RLI-L counted those it could).
     #[inline(always)]
     pub fn settle(&mut self, reference: impl Fn(u64) -> Option<Reference>) {
-        if self.waiting == 0 {
-            return;
+        self.settle_ready(u64::MAX, u64::MAX, true, &reference);
+    }
+
+    /// Whether every waiting group can settle now, `newest` the newest reference's number:
+    /// none waits on a delay still pending or a reference yet to come.
+    pub fn resolved(&self, newest: u64, reference: impl Fn(u64) -> Option<Reference>) -> bool {
+        let mut copy = *self;
+        copy.settle_ready(newest, u64::MAX, false, &reference)
+    }
+
+    /// Settles the groups (but that of reference `skip`, which waits for the next) whose
+    /// references are in, or, `last`, every group; whether none is left waiting.
+    #[inline(always)]
+    fn settle_ready(
+        &mut self,
+        newest: u64,
+        skip: u64,
+        last: bool,
+        reference: &impl Fn(u64) -> Option<Reference>,
+    ) -> bool {
+        let mut done = true;
+        for i in 0..GROUPS {
+            let w = self.waiting[i];
+            if w.packets > 0 && w.seq() != skip {
+                done &= self.settle_group(i, newest, last, reference);
+            }
         }
-        let (k, tau, tau_sq) = (self.waiting, self.tau, self.tau_sq);
-        (self.waiting, self.tau, self.tau_sq) = (0, 0, 0);
-        let (Some(l), Some(r)) = (reference(self.after_seq), self.right(&reference)) else {
-            self.unsettled += k;
-            return;
+        done
+    }
+
+    /// Settles group `i` if the delays of its references are in (or, `last`, whatever they
+    /// are); whether it did.
+    #[inline(always)]
+    fn settle_group(
+        &mut self,
+        i: usize,
+        newest: u64,
+        last: bool,
+        reference: &impl Fn(u64) -> Option<Reference>,
+    ) -> bool {
+        let w = self.waiting[i & (GROUPS - 1)];
+        let l = reference(w.seq());
+        if !last && l.is_some_and(|l| l.pending()) {
+            return false;
+        }
+        // The right reference: the first of the `MAX_SKIP` after theirs whose delay is known (one
+        // lost on the way, or never to be known, leaves its successor to close the span). With
+        // the left one gone from the ring, none is looked for: unsettled at once.
+        // (A reference, not an `Option` the loop may leave unset: the verifier refuses a
+        // register read before it is written, which the optimiser allows itself for `None`.)
+        let mut r = Reference { delay_ns: VOID, ..Reference::default() };
+        for skip in 1..=MAX_SKIP {
+            match l.and_then(|_| reference(w.seq() + skip)) {
+                Some(c) if c.pending() && !last => return false,
+                Some(c) if c.delay().is_some() => {
+                    r = c;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if l.is_some() && r.delay().is_none() && !last && w.seq() + MAX_SKIP >= newest {
+            // Yet to come.
+            return false;
+        }
+        self.waiting[i & (GROUPS - 1)] = Waiting::default();
+        let k = w.packets;
+        let left = l.and_then(|l| l.delay());
+        let counted = match left {
+            Some(d) if w.after & DEFERRED != 0 => self.left.add_line(k, d, 0, 0, 0),
+            _ => left.is_some(),
         };
+        let (Some(l), Some(_), true) = (l, r.delay(), counted) else {
+            self.unsettled += k;
+            return true;
+        };
+        let (left_ns, right_ns) = (l.delay_ns, r.delay_ns);
         let span = r.at_ns.saturating_sub(l.at_ns) >> TAU_SHIFT;
-        let delta = r.delay_ns.checked_sub(l.delay_ns).filter(|d| d.unsigned_abs() < MAX_SPREAD_NS as u64);
+        let delta = right_ns.checked_sub(left_ns).filter(|d| d.unsigned_abs() < MAX_SPREAD_NS as u64);
         // The span bounded first, then each τ within it (arrivals in order), which bounds the
         // products below.
+        let (tau, tau_sq) = (w.tau, w.tau_sq);
         let within = (1..MAX_TAU).contains(&span) && tau <= k * span && tau_sq <= k * span * span;
         let (Some(delta), true) = (delta, within) else {
             self.unsettled += k;
-            return;
+            return true;
         };
         // Σ τ / span and Σ τ² / span², in 2^-16 units: each at most k.
         let x1 = ((tau << 16) / span) as i64;
         let x2 = (((tau_sq / span) << 16) / span) as i64;
-        if !self.rli.add_line(k, l.delay_ns, delta, x1, x2) {
+        if !self.rli.add_line(k, left_ns, delta, x1, x2) {
             self.unsettled += k;
         }
-    }
-
-    /// The reference after the waiting packets: the first the ring holds of the `MAX_SKIP`
-    /// after theirs (one lost on the way leaves its successor to close the span).
-    #[inline(always)]
-    pub fn right(&self, reference: &impl Fn(u64) -> Option<Reference>) -> Option<Reference> {
-        for skip in 1..=MAX_SKIP {
-            if let Some(r) = reference(self.after_seq + skip) {
-                return Some(r);
-            }
-        }
-        None
+        true
     }
 }
 

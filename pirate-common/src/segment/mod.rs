@@ -5,7 +5,6 @@
 //! in flight); every choice a point makes for a packet (sampled or not, which bank, row or
 //! bucket, which sign) is a hash of that identity, so both points make the same choices.
 
-pub mod identity;
 pub mod lda;
 pub mod rda;
 

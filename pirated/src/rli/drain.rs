@@ -135,6 +135,7 @@ impl Drain {
     pub fn read(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference], over: bool) -> Read {
         let refs: HashMap<u64, Reference> = references.iter().map(|r| (r.seq, *r)).collect();
         let reference = |seq| refs.get(&seq).copied();
+        let newest = refs.keys().max().copied().unwrap_or(0);
         let mut out = Read::default();
         let mut previous = HashMap::with_capacity(flows.len());
         for (key, cpus) in flows {
@@ -144,9 +145,7 @@ impl Drain {
             let before = self.previous.remove(&key).unwrap_or_default();
             let ended = over || (!before.is_empty() && before == cpus);
             // Its waiting packets can be settled (or never will: their reference is gone).
-            let resolved =
-                |f: &RliFlow| f.waiting == 0 || f.right(&reference).is_some() || reference(f.after_seq).is_none();
-            if ended && !cpus.iter().all(resolved) {
+            if ended && !cpus.iter().all(|f| f.resolved(newest, reference)) {
                 // The reference after them is yet to come: read again next interval.
                 previous.insert(key, cpus);
                 continue;

@@ -23,7 +23,7 @@ mod tests {
     use std::collections::HashMap;
 
     use pirate_common::rli::{
-        flow::{RliFlow, SQ_SHIFT},
+        flow::{Counters, RliFlow, GROUPS, PENDING, SQ_SHIFT},
         Reference,
     };
 
@@ -31,6 +31,50 @@ mod tests {
         interpolate::estimate,
         synthetic::{References, Spec, Trace},
     };
+
+    /// A counter's packets, mean and standard deviation (ns).
+    fn moments(c: &Counters) -> (u64, f64, f64) {
+        let n = c.packets as f64;
+        let mean = c.sum_ns as f64 / n;
+        let sq = c.sum_sq as f64 * (1u64 << (2 * SQ_SHIFT)) as f64 / n;
+        let off = mean - c.centre_ns as f64;
+        (c.packets, mean, (sq - off * off).max(0.0).sqrt())
+    }
+
+    /// The datapath's integer counters fed `trace` packet by packet with a ring of its
+    /// references, each reference's delay known on arrival (`lag` 0, an injected one) or
+    /// pending until `lag` references after it have arrived (a sampled one, its upstream time
+    /// on its way); the groups of every flow settled at the end, as the drain does.
+    fn feed(trace: &Trace, lag: u64) -> Vec<RliFlow> {
+        let (mut flows, mut ring, mut newest) = (vec![RliFlow::default(); trace.truth.len()], HashMap::new(), None);
+        let mut delays = HashMap::new();
+        for a in &trace.arrivals {
+            match a.reference {
+                Some(delay) => {
+                    let seq = newest.map_or(1, |r: Reference| r.seq + 1);
+                    delays.insert(seq, delay as i64);
+                    let delay_ns = if lag == 0 { delay as i64 } else { PENDING };
+                    let r = Reference { seq, at_ns: a.at_ns, delay_ns };
+                    ring.insert(seq, r);
+                    newest = Some(r);
+                    if let Some(now_in) = seq.checked_sub(lag).filter(|s| lag > 0 && *s > 0) {
+                        ring.get_mut(&now_in).unwrap().delay_ns = delays[&now_in];
+                    }
+                }
+                None => {
+                    let newest = newest.map(|r| ring[&r.seq]);
+                    flows[a.flow as usize].on_packet(a.at_ns, newest, |seq| ring.get(&seq).copied())
+                }
+            }
+        }
+        for r in ring.values_mut() {
+            r.delay_ns = delays[&r.seq];
+        }
+        for flow in &mut flows {
+            flow.settle(|seq| ring.get(&seq).copied());
+        }
+        flows
+    }
 
     /// The datapath's integer counters (`pirate_common::rli`), fed a synthetic trace packet by
     /// packet with a ring of the last references, give every flow the mean and standard
@@ -40,36 +84,17 @@ mod tests {
         let spec = Spec::gigabit(0.5, 0.6);
         let trace = Trace::new(&spec, References::EveryN(31), 11);
         let exact = estimate(&trace.arrivals, trace.truth.len());
-        let (mut flows, mut ring, mut newest) = (vec![RliFlow::default(); trace.truth.len()], HashMap::new(), None);
-        for a in &trace.arrivals {
-            match a.reference {
-                Some(delay) => {
-                    let seq = newest.map_or(1, |r: Reference| r.seq + 1);
-                    let r = Reference { seq, at_ns: a.at_ns, delay_ns: delay as i64 };
-                    ring.insert(seq, r);
-                    newest = Some(r);
-                }
-                None => flows[a.flow as usize].on_packet(a.at_ns, newest, |seq| ring.get(&seq).copied()),
-            }
-        }
+        let mut flows = feed(&trace, 0);
         let (mut compared, mut unsettled) = (0, 0);
         for (i, flow) in flows.iter_mut().enumerate() {
-            // As the drain does: the waiting packets settle on the reference after theirs; those
-            // after the last one cannot, and the estimators leave them out too.
-            flow.settle(|seq| ring.get(&seq).copied());
+            // The waiting packets after the last reference cannot settle, and the estimators
+            // leave them out too.
             unsettled += flow.unsettled;
-            let counted = |c: &pirate_common::rli::flow::Counters| {
-                let n = c.packets as f64;
-                let mean = c.sum_ns as f64 / n;
-                let sq = c.sum_sq as f64 * (1u64 << (2 * SQ_SHIFT)) as f64 / n;
-                let off = mean - c.centre_ns as f64;
-                (c.packets, mean, (sq - off * off).max(0.0).sqrt())
-            };
             for (ours, theirs) in [(&flow.rli, &exact.rli[i]), (&flow.left, &exact.left[i])] {
                 if theirs.packets < 10 {
                     continue;
                 }
-                let (n, mean, std) = counted(ours);
+                let (n, mean, std) = moments(ours);
                 assert_eq!(n, theirs.packets, "flow {i}");
                 assert!((mean / theirs.mean().unwrap() - 1.0).abs() < 1e-4, "flow {i}: {mean} {theirs:?}");
                 // Squares in 16 ns units: a std-dev within 100 ns or 0.5 %.
@@ -80,5 +105,34 @@ mod tests {
         }
         assert!(unsettled > 0 && unsettled <= exact.unreferenced, "{unsettled} of {}", exact.unreferenced);
         assert!(compared > 100, "{compared} flows compared");
+    }
+
+    /// References whose delays come later (sampled ones) give every flow the counters they
+    /// give when known on arrival, while no more are pending than a flow has groups: the
+    /// same packets and Σ delay exactly, Σ delay² up to its rounding (the groups settle in
+    /// another order). With more pending, packets beyond the groups count as unsettled, never
+    /// in a wrong figure: what RLI counts is what it counts with the delays known.
+    #[test]
+    fn references_pending_settle_as_those_known_on_arrival() {
+        let spec = Spec::gigabit(0.5, 0.6);
+        let trace = Trace::new(&spec, References::EveryN(31), 11);
+        let known = feed(&trace, 0);
+        for lag in [1, GROUPS as u64 - 1] {
+            for (i, (a, b)) in known.iter().zip(feed(&trace, lag)).enumerate() {
+                assert_eq!((a.unsettled, a.rli.packets, a.left.packets), (b.unsettled, b.rli.packets, b.left.packets));
+                assert_eq!((a.rli.sum_ns, a.left.sum_ns), (b.rli.sum_ns, b.left.sum_ns), "flow {i}, lag {lag}");
+                for (x, y) in [(&a.rli, &b.rli), (&a.left, &b.left)].into_iter().filter(|(x, _)| x.packets > 1) {
+                    let (sa, sb) = (moments(x).2, moments(y).2);
+                    assert!((sa - sb).abs() < 16.0 + 1e-3 * sa, "flow {i}, lag {lag}: std {sa} against {sb}");
+                }
+            }
+        }
+        let (mut unsettled, mut total) = (0, 0);
+        for (a, b) in known.iter().zip(feed(&trace, 2 * GROUPS as u64)) {
+            assert!(b.unsettled >= a.unsettled && b.rli.packets <= a.rli.packets);
+            assert_eq!(b.rli.packets + b.unsettled, a.rli.packets + a.unsettled);
+            (unsettled, total) = (unsettled + b.unsettled - a.unsettled, total + a.rli.packets);
+        }
+        assert!(unsettled > total / 10, "{unsettled} of {total} beyond the groups");
     }
 }

@@ -8,8 +8,9 @@ use std::{collections::BTreeMap, io::Write, time::Instant};
 use anyhow::{bail, Context};
 use pirate_common::{
     ctx::PacketCtx,
+    identity::identity,
     parse::parse,
-    segment::{identity::identity, lda::LdaCell, packet, rda::RdaBucket, CacheEntry, Seen, SegmentShape, Store},
+    segment::{lda::LdaCell, packet, rda::RdaBucket, CacheEntry, Seen, SegmentShape, Store},
 };
 
 use super::{

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pirate_common::{ctx::PacketCtx, parse::parse, segment::identity::identity};
+use pirate_common::{ctx::PacketCtx, identity::identity, parse::parse};
 
 fuzz_target!(|frame: &[u8]| {
     let mut pkt = PacketCtx::default();

@@ -72,8 +72,15 @@ pub const EVENT_RLI_STALE: u32 = 25;
 /// Event: a flow entered `rli`'s flow table; pirated deletes none, so those inserted but gone
 /// were evicted.
 pub const EVENT_RLI_FLOW_INSERTED: u32 = 26;
+/// Event: a packet sampled as a reference (`rli.references = "sampled"`): at the upstream point
+/// its time handed to pirated, at the downstream point kept as a reference whose delay is
+/// pending; the packet goes on either way.
+pub const EVENT_RLI_SAMPLED: u32 = 27;
+/// Event: a sampled packet could not be handed to pirated (its ring full): at the downstream
+/// point its reference's delay never comes, the packets around it count as unsettled.
+pub const EVENT_RLI_SAMPLED_LOST: u32 = 28;
 
-pub const COUNT: u32 = 27;
+pub const COUNT: u32 = 29;
 
 /// Names used for metrics labels, indexed like the constants above.
 pub const NAMES: [&str; COUNT as usize] = [
@@ -104,6 +111,8 @@ pub const NAMES: [&str; COUNT as usize] = [
     "rli_replayed",
     "rli_stale",
     "rli_flow_inserted",
+    "rli_sampled",
+    "rli_sampled_lost",
 ];
 
 /// How many of the counters are packet outcomes (the rest are events).

@@ -117,16 +117,16 @@ pub static SEGMENT_RDA: PerCpuArray<RdaBucket> = PerCpuArray::pinned(1, 0);
 #[map]
 pub static SEGMENT_CACHE: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// RLI's reference check, written by pirated (`port` 0: off).
+/// RLI's reference check and sampling, written by pirated.
 #[map]
 pub static RLI_SHAPE: Array<RliShape> = Array::pinned(1, 0);
 /// The sequence numbers of the references taken.
 #[map]
 pub static RLI_WINDOW: Array<Window> = Array::pinned(1, 0);
 /// The last `RING` references by sequence number modulo `RING`; entry `RING` holds the newest's
-/// sequence number.
+/// sequence number, entry `RING + 1` the last number a sampled reference took.
 #[map]
-pub static RLI_REFS: Array<Reference> = Array::pinned(RING + 1, 0);
+pub static RLI_REFS: Array<Reference> = Array::pinned(RING + 2, 0);
 /// Per-flow counters, per CPU (a flow's packets on one CPU settle on their own); pirated sizes it.
 #[map]
 pub static RLI_FLOWS: LruPerCpuHashMap<FlowKey, RliFlow> = LruPerCpuHashMap::pinned(1, 0);

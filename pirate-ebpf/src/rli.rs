@@ -3,7 +3,10 @@
 //! and counted, never used) and puts every other packet into its flow's counters
 //! (`pirate_common::rli`, the one copy of that step).
 
-use core::ptr::{read_volatile, write_volatile};
+use core::{
+    intrinsics::{atomic_xadd, AtomicOrdering::Relaxed},
+    ptr::{read_volatile, write_volatile},
+};
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_NOEXIST},
@@ -28,6 +31,14 @@ use crate::{
 pub fn rli(ctx: XdpContext) -> u32 {
     match step(&ctx) {
         Verdict::Regular => chain::from(&ctx, CHAIN_RLI + 1),
+        Verdict::Sampled => {
+            count(counters::EVENT_RLI_SAMPLED);
+            chain::from(&ctx, CHAIN_RLI + 1)
+        }
+        Verdict::SampledLost => {
+            count(counters::EVENT_RLI_SAMPLED_LOST);
+            chain::from(&ctx, CHAIN_RLI + 1)
+        }
         verdict => {
             count(match verdict {
                 Verdict::Taken => counters::EVENT_RLI_TAKEN,
@@ -57,6 +68,9 @@ fn step(ctx: &XdpContext) -> Verdict {
 /// there may take a slot mid-write: one reference's time with another's number, rarely). The
 /// newest's number is written after its slot, and is not compared and set atomically: two
 /// CPUs taking references at once (a replayed copy racing its original) may set it back by one.
+/// A sampled reference's number is an atomic add then a read (the backend has no
+/// fetch-and-add): two CPUs sampling at the same instant may read the same number, which
+/// pirated sees twice and voids.
 struct Maps;
 
 impl Maps {
@@ -96,6 +110,16 @@ impl References for Maps {
             if r.seq > read_volatile(&(*newest).seq) {
                 write_volatile(&mut (*newest).seq, r.seq);
             }
+        }
+    }
+
+    #[inline(always)]
+    fn number(&mut self) -> u64 {
+        let Some(p) = Self::slot(RING + 1) else { return 0 };
+        // SAFETY: a live, 8-byte aligned map value; see the type's note.
+        unsafe {
+            atomic_xadd::<u64, u64, { Relaxed }>(&raw mut (*p).seq, 1);
+            read_volatile(&(*p).seq)
         }
     }
 

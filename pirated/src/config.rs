@@ -12,7 +12,7 @@ use crate::{
     fridge::config::FridgeConfig,
     lb::config::LbConfig,
     pirate::config::PirateConfig,
-    rli::config::RliConfig,
+    rli::config::{Point, RliConfig},
     segment::config::{Role, SegmentConfig},
     value::{refuse, Dur, Invalid},
 };
@@ -227,8 +227,17 @@ impl Config {
         }
     }
 
-    /// What `[rli]` needs of the rest: a segment to ride on, a target for the upstream point's
-    /// references, and a port no traffic the configuration knows of uses.
+    /// Which point of a segment this configuration's chain is, for `[rli]`.
+    fn point(&self) -> Point {
+        match self.segment.role {
+            Role::Off => Point::Neither,
+            _ if self.is_downstream_point() => Point::Downstream,
+            _ => Point::Upstream,
+        }
+    }
+
+    /// What `[rli]` needs of the rest: a segment to ride on, and for injected references a
+    /// target for the upstream point's and a port no traffic the configuration knows of uses.
     fn validate_rli(&self) -> anyhow::Result<()> {
         let rli = &self.rli;
         if !rli.enabled {
@@ -241,6 +250,9 @@ impl Config {
                  role, and its key_file for the references' tags)"
                     .into(),
             );
+        }
+        if rli.sampled() {
+            return Ok(());
         }
         if self.segment.role != Role::Down && rli.target.is_none() {
             return refuse(
@@ -284,7 +296,7 @@ impl Config {
             fridge: self.fridge.spec(),
             lb: self.lb.spec(),
             segment: self.segment.spec(),
-            rli: self.rli.spec(self.is_downstream_point()),
+            rli: self.rli.spec(self.point()),
         }
     }
 }

@@ -218,6 +218,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         config.metrics.listen = l;
     }
     config.validate()?;
+    if config.rli.sampled() {
+        rli::live::prioritise(config.rli.nice);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -237,26 +240,45 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let rli_key = rli_key(&config)?;
         let keyed = |mut spec: Spec| {
-            spec.rli.shape.key = rli_key.unwrap_or_default();
+            spec.rli.shape = spec.rli.shape.keyed(rli_key.unwrap_or_default());
             spec
         };
         let mut dp = Datapath::attach(&keyed(config.datapath()))?;
         let mut down = config.downstream_point().map(|d| Datapath::attach(&keyed(d.datapath()))).transpose()?;
         let lines_of = || lines.as_ref().map(|l| l.lines());
         let interval_ns = config.segment.interval.as_nanos();
+        // Sampled references: the upstream point's times cross the segment's link.
+        let sampled = config.rli.sampled();
+        let mut relay = segment::live::Relay::default();
+        let rli_up = match config.segment.role {
+            Role::Up | Role::Both if sampled => {
+                let (send, to_peer) = tokio::sync::mpsc::channel(RELAYED);
+                relay.send = Some(to_peer);
+                Some(rli::live::spawn_upstream(dp.take_rli()?, send))
+            }
+            _ => None,
+        };
         let rli_down = match (&mut down, config.segment.role) {
             _ if !config.rli.enabled => None,
             (Some(down), _) => Some(down.take_rli()?),
             (None, Role::Down) => Some(dp.take_rli()?),
             _ => None,
         }
-        .map(|maps| rli::live::spawn_downstream(maps, interval_ns, shared(&metrics, |m| &m.rli), lines_of()));
+        .map(|maps| {
+            let times = sampled.then(|| {
+                let (deliver, times) = tokio::sync::mpsc::channel(RELAYED);
+                relay.deliver = Some(deliver);
+                times
+            });
+            rli::live::spawn_downstream(maps, &config.rli, interval_ns, times, shared(&metrics, |m| &m.rli), lines_of())
+        });
         let injector = match (rli_key, config.segment.role) {
-            (Some(key), Role::Up | Role::Both) => Some(Injector::start(&config.rli, key)?),
+            (Some(key), Role::Up | Role::Both) if !sampled => Some(Injector::start(&config.rli, key)?),
             _ => None,
         };
         let segment =
-            segment::live::spawn(&config.segment, down, &mut dp, shared(&metrics, |m| &m.segment), lines_of()).await?;
+            segment::live::spawn(&config.segment, down, &mut dp, relay, shared(&metrics, |m| &m.segment), lines_of())
+                .await?;
         let forwarder = config.lb.enabled().then(|| dp.take_lb()).transpose()?;
         let mut live = Live::new(dp, &config)?;
         let balancer = forwarder.map(|maps| Balancer::start(&config.lb, maps)).transpose()?;
@@ -266,7 +288,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         // passes it on the way out.
         drop(injector);
         server.abort();
-        for task in [segment, rli_down].into_iter().flatten() {
+        for task in [segment, rli_down, rli_up].into_iter().flatten() {
             task.abort();
             let _ = task.await;
         }
@@ -278,6 +300,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         result
     })
 }
+
+/// Batches of sampled references' times on their way between RLI and the segment's link (one a
+/// ms; beyond, they are dropped and their references voided).
+const RELAYED: usize = 256;
 
 /// The key RLI's references are tagged with, if `[rli]` is on: derived from the segment key
 /// (read from its file), or with both points in this pirated from a key drawn for this run.

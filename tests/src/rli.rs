@@ -37,14 +37,22 @@ pub fn queue(ns: &Netns, rate: &str) -> Result<()> {
     Ok(())
 }
 
+/// The port cross traffic goes to, which no test's flows use.
+pub const CROSS_PORT: u16 = 9100;
+
 /// Cross traffic from the sender to the receiver until `stop`: `burst` datagrams of 1 400 bytes
-/// at once every 100 ms, to a port nothing measures (9100).
+/// at once every 100 ms, to `CROSS_PORT`, each numbered in its first 8 bytes (as the probes
+/// are, for [`Truth`]).
 pub fn cross_traffic(sender: &Netns, burst: usize, stop: &AtomicBool) -> Result<()> {
     let socket = sender.run_in(|| UdpSocket::bind(format!("{SENDER_IP}:0")))??;
-    socket.connect(format!("{RECEIVER_IP}:9100"))?;
+    socket.connect(format!("{RECEIVER_IP}:{CROSS_PORT}"))?;
+    let mut datagram = [0u8; 1400];
+    let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         for _ in 0..burst {
-            let _ = socket.send(&[0u8; 1400]);
+            n += 1;
+            datagram[..8].copy_from_slice(&n.to_le_bytes());
+            let _ = socket.send(&datagram);
         }
         thread::sleep(Duration::from_millis(100));
     }

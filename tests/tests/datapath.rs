@@ -491,7 +491,7 @@ fn a_layout_change_starts_fresh_and_keeps_forward() -> Result<()> {
         pirate_common::maps::LAYOUT_VERSION,
         defaults.fridge.shape().slots(),
         defaults.lb.max_connections,
-        defaults.rli.spec(false).max_flows
+        defaults.rli.spec(pirated::rli::config::Point::Neither).max_flows
     );
     ensure!(marker(&after) == [expected], "markers {:?} (before {:?})", marker(&after), marker(&before));
     ensure!(after.len() == before.len(), "pins before {before:?}, after {after:?}");

@@ -10,8 +10,17 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{ensure, Result};
-use pirate_common::{counters, rli::reference::seal};
+use anyhow::{ensure, Context, Result};
+use pirate_common::{
+    counters,
+    ctx::PacketCtx,
+    identity::identity,
+    parse::parse,
+    rli::{
+        reference::{seal, RliShape},
+        Reference,
+    },
+};
 use pirate_tests::{
     capture::Capture,
     linkem::{probe::Probes, EmuLink, LinkSpec, EMU_B},
@@ -123,7 +132,9 @@ fn references_are_checked_taken_and_used_and_nothing_else_is_dropped() -> Result
         let late = r.delay_ns - ms * 1_000_000;
         ensure!((0..50_000_000).contains(&late), "reference {} delay {} ns", r.seq, r.delay_ns);
     }
-    let figures = Drain::default().read(maps.flows()?, &maps.references()?, false).figures;
+    let flows = maps.flows()?;
+    let refs = maps.references(&flows)?;
+    let figures = Drain::default().read(flows, &refs, false).figures;
     ensure!(figures.len() == 1, "{figures:?}");
     let f = &figures[0];
     ensure!(f.key.dport == 80 && f.unsettled == 0, "{f:?}");
@@ -139,6 +150,95 @@ fn references_are_checked_taken_and_used_and_nothing_else_is_dropped() -> Result
     Ok(())
 }
 
+/// A point's datapath with sampled references (a tenth of the packets), keyed by `KEY`, and
+/// its shape.
+fn sampled_point(role: &str) -> Result<(Datapath, RliShape)> {
+    let peer = if role == "up" { "peer = \"d:9465\"\n" } else { "" };
+    let config = Config::parse(&format!(
+        "[segment]\nrole = \"{role}\"\n{peer}key_file = \"/nonexistent\"\n\
+         [rli]\nenabled = true\nreferences = \"sampled\"\nsample_share = 0.1\n"
+    ))?;
+    let mut spec = config.datapath();
+    ensure!(spec.rli.enabled, "{role}: rli chained");
+    spec.rli.shape = spec.rli.shape.keyed(KEY);
+    Ok((Datapath::load(&spec)?, spec.rli.shape))
+}
+
+/// UDP frames of flow `sport` → 80 that `shape` samples (or not), with their identities (the
+/// identity reads the payload's first 8 bytes: the frame's number).
+fn frames(shape: &RliShape, sport: u16, sampled: bool, n: usize) -> Vec<(Vec<u8>, u64)> {
+    (0u32..)
+        .map(|i| {
+            let frame = udp(sport, 80, format!("{i:08} request").as_bytes());
+            let mut pkt = PacketCtx::default();
+            parse(frame.as_slice(), &mut pkt).expect("a UDP frame parses");
+            let id = identity(frame.as_slice(), &pkt);
+            (frame, id)
+        })
+        .filter(|(_, id)| shape.sampled(*id) == sampled)
+        .take(n)
+        .collect()
+}
+
+/// Runs `frame` and expects it passed, unchanged, with `sampled` counted as sampled.
+fn passes(dp: &Datapath, frame: &[u8], sampled: u64) -> Result<()> {
+    let (verdict, d) = run(dp, frame)?;
+    ensure!(verdict == XDP_PASS && d[counters::EVENT_RLI_SAMPLED as usize] == sampled, "{verdict}: {d:?}");
+    Ok(())
+}
+
+/// Sampled references: at the upstream point a sampled packet's identity and time go to
+/// pirated, and every packet passes unchanged; at the downstream point a sampled packet
+/// passes too and becomes a reference whose delay is pending. The packets around it wait
+/// until pirated writes its delay, then settle on the line between the references.
+#[test]
+fn sampled_packets_pass_and_wait_for_their_upstream_times() -> Result<()> {
+    let (mut up, shape) = sampled_point("up")?;
+    let (sampled, regular) = (frames(&shape, 5000, true, 2), frames(&shape, 6000, false, 3));
+    let mut maps = up.take_rli()?;
+    passes(&up, &regular[0].0, 0)?;
+    passes(&up, &sampled[0].0, 1)?;
+    let mut taken = Vec::new();
+    maps.drain_taken(|t| taken.push(t));
+    ensure!(taken.len() == 1 && taken[0].id == sampled[0].1, "{taken:?}");
+    ensure!(taken[0].tai_ns.abs_diff(clock::now()) < 1_000_000_000, "{taken:?}");
+    ensure!(maps.flows()?.is_empty(), "the upstream point counts no flow");
+    drop((maps, up));
+
+    let (mut down, same) = sampled_point("down")?;
+    ensure!((same.sample_below, same.sample_seed) == (shape.sample_below, shape.sample_seed));
+    let mut maps = down.take_rli()?;
+    // A, a packet of the flow, B, another: the flow's packets wait on A's and B's delays.
+    for (frame, n) in [(&sampled[0].0, 1), (&regular[0].0, 0), (&sampled[1].0, 1), (&regular[1].0, 0)] {
+        passes(&down, frame, n)?;
+    }
+    let mut taken = Vec::new();
+    maps.drain_taken(|t| taken.push(t));
+    ensure!(taken.len() == 2, "{taken:?}");
+    let (a, b) = (taken[0].reference, taken[1].reference);
+    ensure!(b.seq == a.seq + 1 && a.pending() && b.pending(), "{taken:?}");
+    ensure!((taken[0].id, taken[1].id) == (sampled[0].1, sampled[1].1), "{taken:?}");
+    let flow = |maps: &pirated::datapath::rli::RliMaps| -> Result<_> {
+        let flows = maps.flows()?;
+        let refs = maps.references(&flows)?;
+        let flows = Drain::default().read(flows, &refs, false).figures;
+        Ok(flows.into_iter().find(|f| f.key.sport == 6000))
+    };
+    ensure!(flow(&maps)?.is_none(), "nothing counted while the delays are pending");
+    // Their delays in (as pirated writes them from the upstream times): the flow's next
+    // packet settles the one between A and B.
+    let (da, db) = (2_000_000, 4_000_000);
+    maps.resolve(Reference { delay_ns: da, ..a })?;
+    maps.resolve(Reference { delay_ns: db, ..b })?;
+    passes(&down, &regular[2].0, 0)?;
+    let f = flow(&maps)?.context("the flow's figures")?;
+    ensure!(f.rli.packets == 1 && f.left.packets == 1 && f.unsettled == 0, "{f:?}");
+    ensure!(f.left.mean_ns == Some(da as f64), "{f:?}");
+    let mean = f.rli.mean_ns.unwrap();
+    ensure!(mean >= da as f64 && mean <= db as f64, "RLI {f:?} outside {da}..{db}");
+    Ok(())
+}
+
 /// With [`TwoPorts`], an address routed through the segment's link (a neighbour entry on `u-d`
 /// resolving to the other port): where its references go.
 const TWO_PORTS_FAR_END: &str = "10.204.2.2";
@@ -149,6 +249,9 @@ const FLOWS: u16 = 4;
 
 /// RLI's keys for the live tests: references every millisecond (5 % of the 20 Mbit/s queue).
 const LIVE_RLI: &str = "period = \"1ms\"\nlink_bps = 20000000\nmax_share = 0.05\n";
+/// Or a tenth of the packets sampled as references (the probes' 4 000 a second and the cross
+/// traffic's 600: one every 2 ms).
+const SAMPLED_RLI: &str = "references = \"sampled\"\nsample_share = 0.1\n";
 
 /// A point's configuration for the live tests.
 fn live_config(role: &str, extra: &str, target: &str) -> Result<String> {
@@ -165,6 +268,8 @@ struct Segment<'a> {
     down: (&'a Netns, &'a str),
     queue: &'a Netns,
     link: &'a EmuLink,
+    /// Sampled references rather than injected ones.
+    sampled: bool,
 }
 
 /// The pirated instances measuring a [`Segment`]: the one reporting D's figures with its
@@ -180,6 +285,19 @@ struct Points {
 /// and four probe flows through it, references every ms: see [`through_a_queue`].
 #[test]
 fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
+    two_instances(LIVE_RLI, false)
+}
+
+/// The same with sampled references: nothing injected, the upstream point's times of a tenth
+/// of the packets sent to the downstream point over the peer channel as they come.
+#[test]
+fn sampled_references_through_a_queue_match_the_captures() -> Result<()> {
+    two_instances(SAMPLED_RLI, true)
+}
+
+/// [`through_a_queue`] with U and D in pirated instances of their own, `[rli]` ending with
+/// `rli`.
+fn two_instances(rli: &str, sampled: bool) -> Result<()> {
     let tb = TwoPoint::new()?;
     let segment = Segment {
         sender: &tb.sender,
@@ -188,11 +306,12 @@ fn per_flow_delay_through_a_queue_matches_the_captures() -> Result<()> {
         down: (&tb.down, DOWN_IF),
         queue: &tb.up,
         link: &tb.segment,
+        sampled,
     };
     through_a_queue(&segment, || {
-        let config = live_config("down", "", RECEIVER_IP)?;
+        let config = rli::config("down", "", RECEIVER_IP, rli)?;
         let reporter = Pirated::start(&tb.down, DOWN_IF, &config)?;
-        let up = Some(Pirated::start(&tb.up, UP_IF, &live_config("up", "", RECEIVER_IP)?)?);
+        let up = Some(Pirated::start(&tb.up, UP_IF, &rli::config("up", "", RECEIVER_IP, rli)?)?);
         Ok(Points { reporter, config, up })
     })
 }
@@ -209,6 +328,7 @@ fn one_pirated_on_two_ports_measures_each_flow_through_a_queue() -> Result<()> {
         down: (&tb.mid, DOWN_IF),
         queue: &tb.mid,
         link: &tb.segment,
+        sampled: false,
     };
     through_a_queue(&segment, || {
         let both = format!("down_interface = \"{DOWN_IF}\"\n");
@@ -229,15 +349,19 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
     rli::queue(seg.queue, "20mbit")?;
     let Points { reporter: mut down, config, mut up } = start()?;
     seg.sender.run(&["ping", "-c", "1", "-W", "2", RECEIVER_IP])?;
-    down.wait_for(Duration::from_secs(30), |l| {
-        l["type"] == "segment_references" && l["references"].as_u64() > Some(0)
+    // Both points at work: injected references taken, or (sampled ones come with traffic) the
+    // points' records reconciled.
+    down.wait_for(Duration::from_secs(30), |l| match seg.sampled {
+        false => l["type"] == "segment_references" && l["references"].as_u64() > Some(0),
+        true => l["type"] == "segment" && l["measured"] == true,
     })?;
     // Anything reaching the receiver on the reference port would be a reference D let through.
     let leaked = seg.receiver.run_in(|| UdpSocket::bind(format!("{RECEIVER_IP}:9466")))??;
     leaked.set_nonblocking(true)?;
-    let filter = ["-Q", "in", "udp", "dst", "portrange", "9000-9003"];
-    // Where the references still are: leaving the link for D's port (D's XDP drops them before
-    // a capture there could see them), for the replay.
+    // Everything in at each point: sampled references are any of its packets.
+    let filter = ["-Q", "in"];
+    // Where injected references still are: leaving the link for D's port (D's XDP drops them
+    // before a capture there could see them), for the replay.
     let before_d = ["-Q", "out", "udp", "and", "(dst", "portrange", "9000-9003", "or", "dst", "port", "9466)"];
     let mut captures = [
         Capture::start(seg.up.0, seg.up.1, &filter)?,
@@ -283,26 +407,51 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
     let lines = down.stop()?;
     emulator.stop()?;
     ensure!(leaked.recv(&mut [0u8; 64]).is_err(), "a reference reached the receiver");
-    let taken = metric(&metrics, "pirated_rli_references_total{outcome=\"taken\"}");
-    ensure!(taken > 3000.0, "{taken} references taken over the probes' 3 s and more");
+    let references =
+        |outcome: &str| metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
+    match seg.sampled {
+        false => ensure!(
+            references("taken") > 3000.0,
+            "{} references taken over the probes' 3 s and more",
+            references("taken")
+        ),
+        true => {
+            // A tenth of the probes' 12 000 packets and the cross traffic's, each with its time.
+            let (sampled, matched) = (references("sampled"), references("matched"));
+            println!("sampled references: {sampled} taken, {matched} matched with their upstream times");
+            ensure!(sampled > 1000.0 && matched >= 0.99 * sampled, "{sampled} sampled, {matched} matched");
+        }
+    }
     for outcome in ["forged", "replayed", "stale"] {
         let refused = metric(&metrics, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}"));
         ensure!(refused == 0.0, "{refused} references refused as {outcome}");
     }
     // Prometheus's view: the p99 gauge is an interval's, one observation per flow and interval
     // went into the histogram of flows' means, and no series is a flow's.
-    let p99 = metric(&metrics, "pirated_rli_delay_quantile_seconds{q=\"0.99\"}");
-    let p99s: Vec<f64> = lines.iter().filter_map(|l| l["quantiles"][2]["delay_ns"].as_f64()).collect();
-    ensure!(p99s.iter().any(|v| (v * 1e-9 - p99).abs() < 1e-12), "the p99 gauge {p99} s is no interval's");
+    // (Sampled references stop with the traffic: the last interval has too few for a p99, and
+    // its gauge is gone.)
+    if !seg.sampled {
+        let p99 = metric(&metrics, "pirated_rli_delay_quantile_seconds{q=\"0.99\"}");
+        let p99s: Vec<f64> = lines.iter().filter_map(|l| l["quantiles"][2]["delay_ns"].as_f64()).collect();
+        ensure!(p99s.iter().any(|v| (v * 1e-9 - p99).abs() < 1e-12), "the p99 gauge {p99} s is no interval's");
+    }
     let observed = metric(&metrics, "pirated_rli_flow_delay_mean_seconds_count");
     let with_mean = |l: &&Value| l["type"] == "segment_flow" && l["rli"]["mean_ns"].is_number();
     let published = lines.iter().filter(with_mean).filter(|l| l["interval"].as_i64() <= Some(after)).count();
     ensure!(observed >= published as f64 && observed <= lines.iter().filter(with_mean).count() as f64);
     ensure!(!metrics.lines().any(|l| l.starts_with("pirated_rli") && l.contains("client")), "a series per flow");
 
-    let Truth { flows: truth, intervals, .. } =
-        Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, FLOW_PORT..FLOW_PORT + FLOWS);
-    let replayed = replay_segment(&config, captures[0].path(), captures[2].path())?;
+    let truth_of =
+        |ports| -> Result<Truth> { Ok(Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, ports)) };
+    let Truth { flows: truth, mut intervals, .. } = truth_of(FLOW_PORT..FLOW_PORT + FLOWS)?;
+    if seg.sampled {
+        // Sampled references are packets: the delays the packets saw, the cross traffic's
+        // bursts included (injected ones, like the probes, see the queue evenly over time).
+        intervals = truth_of(FLOW_PORT..rli::CROSS_PORT + 1)?.intervals;
+    }
+    // Replayed from the captures: injected references where they still are (before D), the
+    // sampled ones at both points.
+    let replayed = replay_segment(&config, captures[0].path(), captures[1 + usize::from(!seg.sampled)].path())?;
     ensure!(truth.len() == FLOWS as usize, "captured flows: {:?}", truth.keys());
     // The segment's delay per interval from the references, against every probe's in it (the
     // probes, like the references, spread evenly over time).
@@ -334,7 +483,11 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         );
         let off = |x: f64, t: f64| (x / t - 1.0).abs();
         ensure!(off(ref_p99, p99) < 0.1, "p99 off in interval {}", line["interval"]);
-        ensure!(off(refs("std_dev_ns"), std) < 0.1 && off(refs("mean_ns"), mean) < 0.1, "{line}");
+        ensure!(off(refs("std_dev_ns"), std) < 0.1, "{line}");
+        // Injected references see the queue evenly over time, as the probes do; sampled ones
+        // are a random few hundred of the packets: their mean within three standard errors.
+        let within = if seg.sampled { 3.0 * std / refs("references").sqrt() / mean } else { 0.1 };
+        ensure!(off(refs("mean_ns"), mean) < within, "{line}");
         judged += 1;
     }
     ensure!(judged >= 1, "no interval judged");
@@ -360,8 +513,14 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         );
         ensure!(n as f64 >= 0.99 * delays.len() as f64, "RLI interpolated {n} of {} packets", delays.len());
         ensure!(n_l as usize == delays.len(), "RLI-L counted {n_l} of {} packets", delays.len());
-        ensure!(err(rli_mean, mean).abs() < 2.0 && err(rli_std, std).abs() < 5.0, "RLI off");
-        ensure!(err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0, "RLI-L off");
+        // Sampled references come less often here (one every 2 ms against every ms) and
+        // irregularly: interpolation reads 2–4× the injected ones' error ("cargo xtask bench
+        // rli"). The left reference alone reads high with them, by 5–12 %: they are packets,
+        // dense in the bursts that fill the queue, and the last one's delay stands for the
+        // whole gap after it while the queue drains (docs/accuracy.md). Not judged.
+        let within_rli = if seg.sampled { 4.0 } else { 2.0 };
+        ensure!(err(rli_mean, mean).abs() < within_rli && err(rli_std, std).abs() < 5.0, "RLI off");
+        ensure!(seg.sampled || (err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0), "RLI-L off");
         // Replayed from the captures before D: the same references, the packets stamped a few
         // µs earlier than D's XDP did.
         let (n_r, replayed_mean, replayed_std) = merged(&replayed, ports, "rli");
@@ -372,7 +531,13 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
             err(replayed_mean, rli_mean),
             err(replayed_std, rli_std)
         );
-        ensure!(n_r == n && err(replayed_mean, rli_mean).abs() < 0.2 && err(replayed_std, rli_std).abs() < 0.5);
+        // Sampled references' delays reach the live point a ms or so after them, now and then
+        // tens of ms (pirated's threads kept off the CPU by the probes' senders, even at
+        // rli.nice): the flows' groups then widen, and live reads up to 2 % off what replay
+        // (every delay in at once) reads.
+        let (within_mean, within_std) = if seg.sampled { (3.0, 3.0) } else { (0.2, 0.5) };
+        ensure!(n_r == n && err(replayed_mean, rli_mean).abs() < within_mean, "replay against live");
+        ensure!(err(replayed_std, rli_std).abs() < within_std, "replay against live");
     }
     Ok(())
 }

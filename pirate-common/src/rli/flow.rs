@@ -6,14 +6,14 @@
 //! reference), which the next reference settles, since Σ (d_L + s·τ)² expands into them. A
 //! sampled reference's delay comes later than the packet (its upstream time crosses the peer
 //! channel): the packets around it wait in a group of their own until it is in, a few groups a
-//! flow.
+//! flow (with more pending, the most recent group widens over the newer references).
 //!
 //! Squares are taken around a centre (the first delay a counter takes) in units of 16 ns: a
 //! square of the delay itself, rounded to any unit the sums can hold, loses the variance of a
 //! flow whose spread is small beside its delay. Beyond the bounds below
 //! (references further apart than `MAX_TAU`, more than `MAX_WAITING` packets of a flow between
-//! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre, more references pending
-//! than `GROUPS`) a packet is counted by RLI-L alone, or not at all, and counted as `unsettled`.
+//! two, delays or their changes beyond `MAX_SPREAD_NS` from the centre) a packet is counted by
+//! RLI-L alone, or not at all, and counted as `unsettled`.
 
 /// τ's unit: 64 ns.
 pub const TAU_SHIFT: u32 = 6;
@@ -116,18 +116,21 @@ impl Reference {
 
 /// How many groups of waiting packets a flow keeps: packets after references whose delays are
 /// still pending wait in a group per reference (an injected reference's delay is known on
-/// arrival, and one group is all a flow ever uses).
+/// arrival, and one group is all a flow ever uses). With more pending than that, the most
+/// recent group widens over the newer references (see [`RliFlow::on_packet`]).
 pub const GROUPS: usize = 4;
 /// `Waiting::after`'s top bit: the reference's delay was pending when the group opened, so
 /// RLI-L counts its packets when it settles, not on arrival.
 const DEFERRED: u64 = 1 << 63;
 
-/// A flow's packets after one reference, waiting for the next: how many, Σ τ, Σ τ² (τ their
-/// time since that reference, `TAU_SHIFT` units), and the reference's number (with [`DEFERRED`]).
+/// A flow's packets after one reference, waiting for the one after the last they followed:
+/// how many, Σ τ, Σ τ² (τ their time since the first, `TAU_SHIFT` units), the first's number
+/// (with [`DEFERRED`]) and the last's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Waiting {
     pub after: u64,
+    pub last: u64,
     pub packets: u64,
     pub tau: u64,
     pub tau_sq: u64,
@@ -151,48 +154,70 @@ pub struct RliFlow {
     pub left: Counters,
     /// The packets waiting for the reference after theirs, a group per reference.
     pub waiting: [Waiting; GROUPS],
-    /// Packets RLI could not interpolate (outside the bounds, their right reference lost,
-    /// their left one's delay never known, or more references pending than `GROUPS`).
+    /// Packets RLI could not interpolate (outside the bounds, their right reference lost, or
+    /// their left one's delay never known).
     pub unsettled: u64,
 }
 
 impl RliFlow {
     /// A regular packet of the flow, arriving at `at_ns`, where `newest` is the newest reference
     /// the point has and `reference(seq)` finds an earlier one (the ring keeps a few). The
-    /// groups of earlier references settle first, those whose delays are in. A packet before
-    /// any reference counts nowhere.
+    /// groups of earlier references settle first, those whose delays are in. The packet joins
+    /// the open group (the newest reference's), else a free one; with none free (more
+    /// references pending than groups: their delays slow to come) the most recent group,
+    /// widened to the newest reference, its packets interpolated over the longer span from its
+    /// first reference to the one after its last (what fewer references would give, rather
+    /// than none). A packet before any reference counts nowhere.
     #[inline(always)]
     pub fn on_packet(&mut self, at_ns: u64, newest: Option<Reference>, reference: impl Fn(u64) -> Option<Reference>) {
         let Some(newest) = newest else { return };
         self.settle_ready(newest.seq, newest.seq, false, &reference);
-        let tau = at_ns.saturating_sub(newest.at_ns) >> TAU_SHIFT;
-        let mut group = GROUPS;
+        let (mut open, mut free, mut recent, mut recent_last) = (GROUPS, GROUPS, GROUPS, 0);
         for i in 0..GROUPS {
-            if self.waiting[i].packets > 0 && self.waiting[i].seq() == newest.seq {
-                group = i;
-                break;
-            }
-        }
-        if group == GROUPS {
-            for i in 0..GROUPS {
-                if self.waiting[i].packets == 0 {
-                    self.waiting[i].after = newest.seq | if newest.pending() { DEFERRED } else { 0 };
-                    group = i;
-                    break;
+            let w = &self.waiting[i];
+            if w.packets == 0 {
+                free = free.min(i);
+            } else {
+                if w.last == newest.seq {
+                    open = i;
+                }
+                if w.last >= recent_last {
+                    (recent, recent_last) = (i, w.last);
                 }
             }
         }
-        // Masked for the verifier, which then knows the index within the array.
-        let deferred = group < GROUPS && self.waiting[group & (GROUPS - 1)].after & DEFERRED != 0;
-        let counted = match newest.delay() {
-            Some(d) if !deferred => self.left.add(d),
-            _ => deferred && newest.delay_ns != VOID,
+        // Masked for the verifier, which then knows the index within the array (one of the
+        // three is always found).
+        let g = match (open < GROUPS, free < GROUPS) {
+            (true, _) => open,
+            (false, true) => free,
+            (false, false) => recent,
+        } & (GROUPS - 1);
+        if self.waiting[g].packets == 0 {
+            self.waiting[g].after = newest.seq | if newest.pending() { DEFERRED } else { 0 };
+        }
+        let w = self.waiting[g];
+        // RLI-L: a deferred group's packets count when it settles, on its first reference;
+        // any other packet now, on the newest reference (or, not in yet, the group's first).
+        let mut first = newest;
+        if w.seq() != newest.seq {
+            let Some(r) = reference(w.seq()) else {
+                self.unsettled += 1;
+                return;
+            };
+            first = r;
+        }
+        let counted = match w.after & DEFERRED != 0 {
+            true => true,
+            false => newest.delay().or(first.delay()).is_some_and(|d| self.left.add(d)),
         };
-        if !counted || group == GROUPS || tau >= MAX_TAU || self.waiting[group & (GROUPS - 1)].packets >= MAX_WAITING {
+        let tau = at_ns.saturating_sub(first.at_ns) >> TAU_SHIFT;
+        if !counted || tau >= MAX_TAU || w.packets >= MAX_WAITING {
             self.unsettled += 1;
             return;
         }
-        let w = &mut self.waiting[group & (GROUPS - 1)];
+        let w = &mut self.waiting[g];
+        w.last = newest.seq;
         w.packets += 1;
         w.tau += tau;
         w.tau_sq += tau * tau;
@@ -225,7 +250,7 @@ impl RliFlow {
         let mut done = true;
         for i in 0..GROUPS {
             let w = self.waiting[i];
-            if w.packets > 0 && w.seq() != skip {
+            if w.packets > 0 && w.last != skip {
                 done &= self.settle_group(i, newest, last, reference);
             }
         }
@@ -247,14 +272,14 @@ impl RliFlow {
         if !last && l.is_some_and(|l| l.pending()) {
             return false;
         }
-        // The right reference: the first of the `MAX_SKIP` after theirs whose delay is known (one
-        // lost on the way, or never to be known, leaves its successor to close the span). With
-        // the left one gone from the ring, none is looked for: unsettled at once.
+        // The right reference: the first of the `MAX_SKIP` after their last whose delay is known
+        // (one lost on the way, or never to be known, leaves its successor to close the span).
+        // With the left one gone from the ring, none is looked for: unsettled at once.
         // (A reference, not an `Option` the loop may leave unset: the verifier refuses a
         // register read before it is written, which the optimiser allows itself for `None`.)
         let mut r = Reference { delay_ns: VOID, ..Reference::default() };
         for skip in 1..=MAX_SKIP {
-            match l.and_then(|_| reference(w.seq() + skip)) {
+            match l.and_then(|_| reference(w.last + skip)) {
                 Some(c) if c.pending() && !last => return false,
                 Some(c) if c.delay().is_some() => {
                     r = c;
@@ -263,7 +288,7 @@ impl RliFlow {
                 _ => {}
             }
         }
-        if l.is_some() && r.delay().is_none() && !last && w.seq() + MAX_SKIP >= newest {
+        if l.is_some() && r.delay().is_none() && !last && w.last + MAX_SKIP >= newest {
             // Yet to come.
             return false;
         }

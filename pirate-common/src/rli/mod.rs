@@ -4,23 +4,30 @@
 //! (`flow`). [`packet`] is the per-packet step the datapath and replay both run: a reference
 //! is checked (`reference`: its tag under the segment key, its sequence number not seen
 //! before, its delay plausible), kept and taken out of the traffic; any other packet goes into
-//! its flow's counters.
+//! its flow's counters. With sampled references, nothing is injected: packets whose identity
+//! hashes below a share are references, their time at the upstream point handed to its pirated
+//! (which sends it over the peer channel), at the downstream point kept with their delay
+//! pending until that time is in.
 
 pub mod flow;
 pub mod reference;
 
-use crate::{ctx::PacketCtx, key::FlowKey, parse::Frame};
+use crate::{ctx::PacketCtx, identity::identity, key::FlowKey, parse::Frame};
 pub use flow::Reference;
 use flow::RliFlow;
+use flow::PENDING;
 use reference::{RliShape, Window, PAYLOAD};
 
 /// A reference taken, for pirated (its quantiles of the segment's delay): the reference and
-/// its arrival on the shared clock, which places it in an interval.
+/// its arrival on the shared clock, which places it in an interval; a sampled one's identity
+/// (0: an injected one), by which pirated finds its upstream time. At the upstream point, a
+/// sampled packet's identity and time (the reference left empty).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Taken {
     pub reference: Reference,
     pub tai_ns: u64,
+    pub id: u64,
 }
 
 #[cfg(feature = "user")]
@@ -43,6 +50,8 @@ pub trait References {
     fn get(&self, seq: u64) -> Option<Reference>;
     /// Keeps a reference (the newest if it is).
     fn put(&mut self, reference: Reference);
+    /// The next sequence number of a sampled reference, in arrival order.
+    fn number(&mut self) -> u64;
     /// The replay window over sequence numbers.
     fn window(&mut self) -> Option<&mut Window>;
     /// Hands a taken reference to pirated; whether it went (a full ring drops it).
@@ -70,6 +79,10 @@ pub enum Verdict {
     /// A delay beyond `max_delay_ns` either way: a reference held back and sent later, or
     /// clocks apart.
     Stale,
+    /// A packet sampled as a reference, handed to pirated (or `SampledLost`: its ring full);
+    /// it goes on down the chain.
+    Sampled,
+    SampledLost,
 }
 
 /// One packet at the downstream point: `at_ns` its arrival on the datapath's monotonic clock,
@@ -86,14 +99,40 @@ pub fn packet<F: Frame + ?Sized, R: References, S: Flows>(
     if shape.is_reference(&pkt.key) {
         return reference(shape, pkt, frame, tai_ns(), refs);
     }
+    let mut verdict = Verdict::Regular;
+    if shape.sample_below != 0 {
+        let id = identity(frame, pkt);
+        if shape.sampled(id) {
+            verdict = sampled(shape, pkt, id, tai_ns(), refs);
+        }
+        if shape.upstream != 0 {
+            return verdict;
+        }
+    }
     let newest = refs.newest();
     if newest == 0 {
-        return Verdict::Regular;
+        return verdict;
     }
     if let Some(flow) = flows.flow(&pkt.key) {
         flow.on_packet(pkt.ts_ns, refs.get(newest), |seq| refs.get(seq));
     }
-    Verdict::Regular
+    verdict
+}
+
+/// A sampled packet: at the upstream point its time goes to pirated; at the downstream point
+/// it becomes the newest reference, its delay pending (the packet itself then follows it, at
+/// τ = 0, like any other of its flow).
+#[inline(always)]
+fn sampled<R: References>(shape: &RliShape, pkt: &PacketCtx, id: u64, tai_ns: u64, refs: &mut R) -> Verdict {
+    let mut reference = Reference::default();
+    if shape.upstream == 0 {
+        reference = Reference { seq: refs.number(), at_ns: pkt.ts_ns, delay_ns: PENDING };
+        refs.put(reference);
+    }
+    match refs.taken(Taken { reference, tai_ns, id }) {
+        true => Verdict::Sampled,
+        false => Verdict::SampledLost,
+    }
 }
 
 #[inline(always)]
@@ -120,7 +159,7 @@ fn reference<F: Frame + ?Sized, R: References>(
     }
     let reference = Reference { seq, at_ns: pkt.ts_ns, delay_ns };
     refs.put(reference);
-    match refs.taken(Taken { reference, tai_ns }) {
+    match refs.taken(Taken { reference, tai_ns, id: 0 }) {
         true => Verdict::Taken,
         false => Verdict::Lost,
     }

@@ -4,14 +4,19 @@
 //! that the downstream point refuses what it did not send, and (by the sequence number) what it
 //! sent before.
 
-use crate::{hash::sip24, key::FlowKey};
+use crate::{
+    hash::{seeded, sip24},
+    key::FlowKey,
+};
 
 /// The payload's first word: "PRLI", version 1, two bytes reserved.
 pub const HEADER: u64 = 0x5052_4c49_0001_0000;
 /// Payload bytes: header, sequence number, send time, tag (each a big-endian u64).
 pub const PAYLOAD: usize = 32;
+/// What the key tags to draw the sampling's seed ("PRLIsmpl").
+const SAMPLE_SEED: u64 = 0x5052_4c49_736d_706c;
 
-/// What the downstream point's datapath checks references against, written by pirated.
+/// What the datapath checks references against, or samples them by, written by pirated.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RliShape {
@@ -19,12 +24,19 @@ pub struct RliShape {
     pub key: [u64; 2],
     /// A reference whose delay is beyond this either way is refused as stale.
     pub max_delay_ns: u64,
-    /// The UDP destination port references go to (host order); 0: RLI is off.
+    /// Sampled references: a packet whose identity hashes under `sample_seed` (derived from the
+    /// segment key, so that no one else knows which) below this is one; 0: none.
+    pub sample_below: u64,
+    pub sample_seed: u64,
+    /// The UDP destination port injected references go to (host order); 0: none.
     pub port: u16,
-    pub _pad: [u8; 6],
+    /// This point is the upstream one: a sampled packet's time is handed to pirated (for the
+    /// downstream point), nothing else is done.
+    pub upstream: u8,
+    pub _pad: [u8; 5],
 }
 
-const _: () = assert!(size_of::<RliShape>() == 32);
+const _: () = assert!(size_of::<RliShape>() == 48);
 
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for RliShape {}
@@ -34,6 +46,17 @@ impl RliShape {
     #[inline(always)]
     pub fn is_reference(&self, key: &FlowKey) -> bool {
         self.port != 0 && key.proto == 17 && key.dport == self.port
+    }
+
+    /// The shape with the references' key (the tag's, and the sampling's seed drawn from it).
+    pub fn keyed(self, key: [u64; 2]) -> RliShape {
+        RliShape { key, sample_seed: sip24(key, &[SAMPLE_SEED]), ..self }
+    }
+
+    /// Whether the packet of identity `id` is a sampled reference.
+    #[inline(always)]
+    pub fn sampled(&self, id: u64) -> bool {
+        seeded(self.sample_seed, id) < self.sample_below
     }
 }
 

@@ -12,7 +12,11 @@ use aya::{
 use pirate_common::{
     key::FlowKey,
     maps,
-    rli::{flow::RliFlow, reference::RliShape, Reference, Taken, RING},
+    rli::{
+        flow::{RliFlow, MAX_SKIP},
+        reference::RliShape,
+        Reference, Taken, RING,
+    },
 };
 
 use super::{object, percpu::CounterReader, spec};
@@ -22,11 +26,20 @@ pub(super) fn size(loader: &mut EbpfLoader<'_>, spec: &spec::Rli) {
     loader.set_max_entries(maps::RLI_FLOWS, spec.max_flows).set_max_entries(maps::RLI_TAKEN, spec.ring_bytes);
 }
 
-/// Writes RLI's shape, before `rli` is chained.
+/// Writes RLI's shape, before `rli` is chained. Sampled references number on from the
+/// shared clock's microseconds, above any a previous pirated's references took (pinned maps
+/// are kept across restarts, injected references' numbers are on that clock too).
 pub(super) fn configure(ebpf: &mut Ebpf, spec: &spec::Rli) -> anyhow::Result<()> {
     Array::<_, RliShape>::try_from(ebpf.map_mut(maps::RLI_SHAPE).unwrap())?
         .set(0, spec.shape, 0)
-        .context("writing RLI_SHAPE")
+        .context("writing RLI_SHAPE")?;
+    if spec.shape.sample_below != 0 {
+        let mut refs = Array::<_, Reference>::try_from(ebpf.map_mut(maps::RLI_REFS).unwrap())?;
+        let newest = refs.get(&RING, 0).context("reading RLI_REFS")?.seq;
+        let from = Reference { seq: newest.max(crate::clock::now() / 1000), ..Reference::default() };
+        refs.set(RING + 1, from, 0).context("writing RLI_REFS")?;
+    }
+    Ok(())
 }
 
 /// RLI's maps as the downstream point reads them.
@@ -72,17 +85,40 @@ impl RliMaps {
         }
     }
 
-    /// The references the ring holds, by sequence number. A slot is read twice and taken only
-    /// if both reads agree: one being written reads as a mix of two references.
-    pub fn references(&self) -> anyhow::Result<Vec<Reference>> {
-        let mut out = Vec::with_capacity(RING as usize);
-        for i in 0..RING {
+    /// The references `flows` wait on (each group's first, and the `MAX_SKIP` after its last),
+    /// and the newest, as the ring holds them: a few reads, not the whole ring's (thousands of
+    /// calls into the kernel, tens of ms on a busy host, which sampled references' delays
+    /// would wait for). A slot is read twice and taken only if both reads agree: one being
+    /// written reads as a mix of two references.
+    pub fn references(&self, flows: &[(FlowKey, Vec<RliFlow>)]) -> anyhow::Result<Vec<Reference>> {
+        let newest = self.refs.get(&RING, 0).context("reading RLI_REFS")?.seq;
+        let mut wanted: Vec<u64> = flows
+            .iter()
+            .flat_map(|(_, cpus)| cpus.iter().flat_map(|f| f.waiting.iter().filter(|w| w.packets > 0)))
+            .flat_map(|w| std::iter::once(w.seq()).chain((1..=MAX_SKIP).map(move |k| w.last + k)))
+            .chain(std::iter::once(newest))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut out = Vec::with_capacity(wanted.len());
+        for seq in wanted.into_iter().filter(|&seq| seq != 0) {
+            let i = (seq % RING as u64) as u32;
             let r = self.refs.get(&i, 0).context("reading RLI_REFS")?;
-            if r.seq != 0 && r.seq % RING as u64 == i as u64 && self.refs.get(&i, 0).ok() == Some(r) {
+            if r.seq == seq && self.refs.get(&i, 0).ok() == Some(r) {
                 out.push(r);
             }
         }
         Ok(out)
+    }
+
+    /// A sampled reference's delay (or void), into its slot if the slot still holds it. (Its
+    /// slot is overwritten only `RING` references later: far beyond the few ms a delay takes.)
+    pub fn resolve(&mut self, r: Reference) -> anyhow::Result<()> {
+        let i = (r.seq % RING as u64) as u32;
+        if self.refs.get(&i, 0).context("reading RLI_REFS")?.seq == r.seq {
+            self.refs.set(i, r, 0).context("writing RLI_REFS")?;
+        }
+        Ok(())
     }
 
     /// Hands every reference taken since the last call to `f`.

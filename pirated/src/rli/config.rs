@@ -15,10 +15,38 @@ use crate::{
     value::{refuse, Dur},
 };
 
+/// Where the references come from.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// Packets the upstream point sends into the segment (the paper's): they take their share
+    /// of the link, and need nothing else.
+    #[default]
+    Injected,
+    /// Packets of the traffic itself, sampled by a hash of their identity at both points: the
+    /// link carries nothing more, their times at the upstream point cross the peer channel.
+    Sampled,
+}
+
+/// Which point of the segment a datapath is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Point {
+    Upstream,
+    Downstream,
+    /// Not in a segment.
+    Neither,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RliConfig {
     pub enabled: bool,
+    pub references: Origin,
+    /// Sampled references: the share of packets taken as references, the same at both points.
+    pub sample_share: f64,
+    /// Sampled references: the niceness pirated takes (-20..=19; 0 leaves it), so that their
+    /// upstream times are not kept waiting by other work on the host.
+    pub nice: i32,
     /// The UDP destination port of the references: the downstream point drops every packet to
     /// it, so no traffic may use it.
     pub port: u16,
@@ -46,6 +74,9 @@ impl Default for RliConfig {
     fn default() -> Self {
         RliConfig {
             enabled: false,
+            references: Origin::Injected,
+            sample_share: 0.01,
+            nice: -15,
             port: 9466,
             target: None,
             injection: Injection::Period,
@@ -124,28 +155,48 @@ impl RliConfig {
         if self.max_flows == 0 || self.max_flows > MAX_FLOWS {
             return refuse(&["rli.max_flows"], format!("rli.max_flows = {}: must be 1..={MAX_FLOWS}", self.max_flows));
         }
+        if !(self.sample_share > 0.0 && self.sample_share <= 0.1) {
+            return refuse(
+                &["rli.sample_share"],
+                format!("rli.sample_share = {}: must be in (0, 0.1]", self.sample_share),
+            );
+        }
+        if !(-20..=19).contains(&self.nice) {
+            return refuse(&["rli.nice"], format!("rli.nice = {}: a niceness is -20..=19", self.nice));
+        }
         if let Some(why) = ring::bytes_refusal(self.ring_bytes, MAX_RING) {
             return refuse(&["rli.ring_bytes"], format!("rli.ring_bytes = {}: {why}", self.ring_bytes));
         }
         Ok(())
     }
 
-    /// What the datapath of a point loads: `rli` chained at the downstream point only. The
-    /// tag's key is not here: it comes of the key file, which the one who attaches reads
-    /// (`spec::Rli::key`; the datapath refuses to chain `rli` without one).
-    pub fn spec(&self, downstream: bool) -> spec::Rli {
-        let enabled = self.enabled && downstream;
+    /// Whether the references are sampled packets.
+    pub fn sampled(&self) -> bool {
+        self.enabled && self.references == Origin::Sampled
+    }
+
+    /// What the datapath of a point loads: `rli` chained at the downstream point, and at the
+    /// upstream one with sampled references. The tag's key and the sampling's seed are not
+    /// here: they come of the key file, which the one who attaches reads (`RliShape::keyed`;
+    /// the datapath refuses to chain `rli` without them).
+    pub fn spec(&self, point: Point) -> spec::Rli {
+        let enabled = self.enabled && (point == Point::Downstream || (point == Point::Upstream && self.sampled()));
+        let flows = enabled && point == Point::Downstream;
         spec::Rli {
             enabled,
             shape: RliShape {
                 key: [0; 2],
                 max_delay_ns: self.max_delay.as_nanos(),
-                port: if self.enabled { self.port } else { 0 },
-                _pad: [0; 6],
+                // The share as a bound on a 64-bit hash (0.1 at most: no overflow).
+                sample_below: if self.sampled() { (self.sample_share * 2f64.powi(64)) as u64 } else { 0 },
+                sample_seed: 0,
+                port: if self.enabled && !self.sampled() { self.port } else { 0 },
+                upstream: (point == Point::Upstream) as u8,
+                _pad: [0; 5],
             },
-            // One entry where `rli` is not chained: maps are never empty, and a table of
-            // per-CPU counters takes memory whether used or not.
-            max_flows: if enabled { self.max_flows } else { 1 },
+            // One entry where no flow is counted: maps are never empty, and a table of per-CPU
+            // counters takes memory whether used or not.
+            max_flows: if flows { self.max_flows } else { 1 },
             ring_bytes: self.ring_bytes,
         }
     }
@@ -175,10 +226,22 @@ mod tests {
         assert!(e.starts_with("line 6: rli.period = 100us") && e.contains("at least 473us"), "{e}");
         let e = err(&format!("{DOWN}[rli]\nenabled = true\nlink_bps = 10000000000\nperiod = \"20us\"\n"));
         assert!(e.starts_with("line 7: rli.period = 20us") && e.contains("at least 48us"), "{e}");
+        let e = err(&format!("{DOWN}[rli]\nenabled = true\nreferences = \"sampled\"\nsample_share = 0.5\n"));
+        assert!(e.starts_with("line 7: rli.sample_share = 0.5"), "{e}");
         let down = Config::parse(&format!("{DOWN}[rli]\nenabled = true\n")).unwrap();
         let spec = down.datapath().rli;
         assert!(spec.enabled && spec.shape.port == 9466 && spec.shape.key == [0; 2]);
         let up = Config::parse(&format!("{up}target = \"10.0.0.1\"\n")).unwrap();
         assert!(!up.datapath().rli.enabled, "the upstream point chains no rli");
+        // Sampled: no target, no port; both points chain rli, the upstream one to stamp.
+        let up = "[segment]\nrole = \"up\"\npeer = \"d:9465\"\nkey_file = \"k\"\n";
+        let sampled = "[rli]\nenabled = true\nreferences = \"sampled\"\nport = 53\n";
+        let (up, down) =
+            (Config::parse(&format!("{up}{sampled}")).unwrap(), Config::parse(&format!("{DOWN}{sampled}")).unwrap());
+        let (u, d) = (up.datapath().rli, down.datapath().rli);
+        assert!(u.enabled && u.shape.upstream == 1 && u.max_flows == 1 && u.shape.port == 0, "{u:?}");
+        assert!(d.enabled && d.shape.upstream == 0 && d.max_flows == 65536 && d.shape.port == 0, "{d:?}");
+        assert_eq!(u.shape.sample_below, d.shape.sample_below);
+        assert!((d.shape.sample_below as f64 / 2f64.powi(64) - 0.01).abs() < 1e-9);
     }
 }

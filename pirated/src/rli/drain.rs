@@ -80,9 +80,11 @@ impl Intervals {
         (interval + 1) * self.interval_ns + (self.interval_ns / 100).clamp(5_000_000, 100_000_000)
     }
 
-    /// A reference taken.
+    /// A reference taken, if its delay is known (a sampled one's once matched).
     pub fn taken(&mut self, t: Taken) {
-        self.delays.entry(self.interval(t.tai_ns)).or_default().push(t.reference.delay_ns as f64);
+        if let Some(delay) = t.reference.delay() {
+            self.delays.entry(self.interval(t.tai_ns)).or_default().push(delay as f64);
+        }
     }
 
     /// The table as it stands is no interval's (see [`Drain::baseline`]).

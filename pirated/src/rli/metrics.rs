@@ -23,6 +23,7 @@ use pirate_common::counters;
 use super::{
     drain::FlowFigures,
     quantiles::{Summary, QUANTILES},
+    sampled::Outcomes,
 };
 
 /// Servers with a mean series at once: the ones with the most packets in the interval.
@@ -63,12 +64,14 @@ pub struct Metrics {
 }
 
 /// The counters behind `references`, and their outcome labels.
-const OUTCOMES: [(u32, &str); 5] = [
+const OUTCOMES: [(u32, &str); 7] = [
     (counters::EVENT_RLI_TAKEN, "taken"),
     (counters::EVENT_RLI_TAKEN_LOST, "taken_unreported"),
     (counters::EVENT_RLI_FORGED, "forged"),
     (counters::EVENT_RLI_REPLAYED, "replayed"),
     (counters::EVENT_RLI_STALE, "stale"),
+    (counters::EVENT_RLI_SAMPLED, "sampled"),
+    (counters::EVENT_RLI_SAMPLED_LOST, "sampled_unreported"),
 ];
 
 impl Metrics {
@@ -87,7 +90,7 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("rli");
         r.register(
             "references",
-            "Packets to rli.port at the downstream point, by outcome: taken (used), taken_unreported (used, but the ring to pirated was full: missing from the quantiles), forged (no valid tag), replayed (sequence number seen), stale (delay beyond rli.max_delay); all dropped",
+            "References at the downstream point, by outcome. Injected ones (packets to rli.port, all dropped): taken (used), taken_unreported (used, but the ring to pirated was full: missing from the quantiles), forged (no valid tag), replayed (sequence number seen), stale (delay beyond rli.max_delay). Sampled ones (packets of the traffic, which goes on): sampled (taken as a reference), sampled_unreported (the ring to pirated was full: never a delay), matched (a delay from the upstream point's time), unmatched (no upstream time within 250 ms: void), ambiguous (one identity twice at a point: void), stale_sampled (delay beyond rli.max_delay: void)",
             m.references.clone(),
         );
         r.register(
@@ -128,10 +131,21 @@ impl Metrics {
         m
     }
 
-    /// Publishes the datapath's counters of RLI (`delta`: what they gained since the last call).
-    pub fn publish_counters(&self, delta: &[u64; counters::COUNT as usize]) {
+    /// Publishes the datapath's counters of RLI (`delta`: what they gained since the last call)
+    /// and what became of the sampled references since.
+    pub fn publish_counters(&self, delta: &[u64; counters::COUNT as usize], sampled: &Outcomes) {
         for (counter, outcome) in OUTCOMES {
             self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(delta[counter as usize]);
+        }
+        for (outcome, n) in [
+            ("matched", sampled.matched),
+            ("unmatched", sampled.unmatched),
+            ("ambiguous", sampled.ambiguous),
+            ("stale_sampled", sampled.stale),
+        ] {
+            if n > 0 {
+                self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
+            }
         }
         self.flows_inserted.inc_by(delta[counters::EVENT_RLI_FLOW_INSERTED as usize]);
     }

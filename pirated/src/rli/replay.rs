@@ -12,6 +12,7 @@ use std::{
 use pirate_common::{
     ctx::PacketCtx,
     key::FlowKey,
+    parse::parse,
     rli::{
         flow::RliFlow,
         packet,
@@ -21,10 +22,12 @@ use pirate_common::{
 };
 
 use super::{
-    config::RliConfig,
+    config::{Point, RliConfig},
     drain::{Intervals, TableRead},
     report,
+    sampled::Matcher,
 };
+use crate::capture::CaptureReader;
 
 /// The references as the datapath's maps hold them.
 struct Refs {
@@ -46,6 +49,10 @@ impl References for Refs {
     fn put(&mut self, reference: Reference) {
         self.ring[(reference.seq % RING as u64) as usize] = reference;
         self.newest = self.newest.max(reference.seq);
+    }
+
+    fn number(&mut self) -> u64 {
+        self.newest + 1
     }
 
     fn window(&mut self) -> Option<&mut Window> {
@@ -97,10 +104,77 @@ impl Flows for Table {
     }
 }
 
+impl Refs {
+    fn new() -> Refs {
+        Refs {
+            ring: vec![Reference::default(); RING as usize],
+            newest: 0,
+            window: Window::default(),
+            taken: Vec::new(),
+        }
+    }
+}
+
+/// With sampled references, the upstream capture read ahead of the downstream one: each frame
+/// through the upstream point's step (`packet`, as its datapath runs it), the times of its
+/// sampled packets to the matcher, so that a reference's time is in when it arrives at D.
+pub struct Upstream {
+    reader: CaptureReader,
+    shape: RliShape,
+    tai_offset_ns: i64,
+    pkt: PacketCtx,
+    refs: Refs,
+    /// The last frame's time, and whether the capture has ended.
+    read_to: u64,
+    ended: bool,
+}
+
+impl Upstream {
+    /// The upstream capture `reader`, its clock `tai_offset_ns` from TAI, the upstream point's
+    /// step as `config` has it under `key`.
+    pub fn new(config: &RliConfig, key: [u64; 2], reader: CaptureReader, tai_offset_ns: i64) -> Upstream {
+        let shape = config.spec(Point::Upstream).shape.keyed(key);
+        Upstream {
+            reader,
+            shape,
+            tai_offset_ns,
+            pkt: PacketCtx::default(),
+            refs: Refs::new(),
+            read_to: 0,
+            ended: false,
+        }
+    }
+
+    /// Reads the capture up to a frame after `tai_ns`, its sampled packets' times to `matcher`.
+    fn read_to(&mut self, tai_ns: u64, matcher: &mut Matcher, out: &mut Vec<Taken>) -> anyhow::Result<()> {
+        let mut none = Table::default();
+        while !self.ended && self.read_to <= tai_ns {
+            let Some((ts, frame)) = self.reader.frame()? else {
+                self.ended = true;
+                break;
+            };
+            if parse(frame, &mut self.pkt).is_err() {
+                continue;
+            }
+            let ts = ts.saturating_add_signed(self.tai_offset_ns);
+            self.read_to = ts;
+            self.pkt.ts_ns = ts;
+            packet(&self.shape, &self.pkt, frame, || ts, &mut self.refs, &mut none);
+            for t in self.refs.taken.drain(..) {
+                matcher.upstream(t.id, t.tai_ns, out);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The downstream point's RLI over a capture.
 pub struct Replay {
     shape: RliShape,
     refs: Refs,
+    /// Sampled references: the upstream capture, and the matcher of their times.
+    upstream: Option<(Upstream, Matcher)>,
+    resolved: Vec<Taken>,
     table: Table,
     intervals: Intervals,
     /// The next interval to close, from the first frame's on.
@@ -113,20 +187,23 @@ impl Replay {
     /// RLI as `[rli]` has it, its references' tags checked under `key`, over intervals of
     /// `interval_ns`.
     pub fn new(config: &RliConfig, key: [u64; 2], interval_ns: u64) -> Replay {
-        let shape = RliShape { key, ..config.spec(true).shape };
+        let shape = config.spec(Point::Downstream).shape.keyed(key);
         Replay {
             shape,
-            refs: Refs {
-                ring: vec![Reference::default(); RING as usize],
-                newest: 0,
-                window: Window::default(),
-                taken: Vec::new(),
-            },
+            refs: Refs::new(),
+            upstream: None,
+            resolved: Vec::new(),
             table: Table { max_flows: config.max_flows as usize, ..Table::default() },
             intervals: Intervals::new(interval_ns),
             next: None,
             verdicts: HashMap::new(),
         }
+    }
+
+    /// Sampled references (`rli.references = "sampled"`): their times from `upstream`.
+    pub fn with_upstream(mut self, upstream: Upstream, max_delay_ns: u64) -> Replay {
+        self.upstream = Some((upstream, Matcher::new(max_delay_ns)));
+        self
     }
 
     /// One frame parsed into `pkt`, captured at `tai_ns`: whether the downstream point's chain
@@ -138,16 +215,30 @@ impl Replay {
         frame: &[u8],
         tai_ns: u64,
         out: &mut impl Write,
-    ) -> std::io::Result<bool> {
+    ) -> anyhow::Result<bool> {
         self.close_before(tai_ns, out)?;
+        if let Some((upstream, matcher)) = &mut self.upstream {
+            upstream.read_to(tai_ns, matcher, &mut self.resolved)?;
+            matcher.expire(tai_ns, &mut self.resolved);
+        }
         pkt.ts_ns = tai_ns;
         self.table.now = tai_ns;
         let verdict = packet(&self.shape, pkt, frame, || tai_ns, &mut self.refs, &mut self.table);
         for t in self.refs.taken.drain(..) {
+            match &mut self.upstream {
+                Some((_, matcher)) if t.id != 0 => matcher.downstream(t, &mut self.resolved),
+                _ => self.intervals.taken(t),
+            }
+        }
+        // Sampled references' delays, into their slots as the live point writes them.
+        for t in self.resolved.drain(..) {
+            if self.refs.get(t.reference.seq).is_some() {
+                self.refs.put(t.reference);
+            }
             self.intervals.taken(t);
         }
         *self.verdicts.entry(name(verdict)).or_default() += 1;
-        Ok(verdict == Verdict::Regular)
+        Ok(matches!(verdict, Verdict::Regular | Verdict::Sampled | Verdict::SampledLost))
     }
 
     /// Closes every interval up to the capture's last, then the one after it with every flow
@@ -192,6 +283,7 @@ fn name(verdict: Verdict) -> &'static str {
         Verdict::Forged => "forged",
         Verdict::Replayed => "replayed",
         Verdict::Stale => "stale",
+        Verdict::Sampled | Verdict::SampledLost => "sampled",
     }
 }
 

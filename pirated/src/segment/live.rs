@@ -14,8 +14,8 @@ use std::{
 };
 
 use anyhow::Context;
-use pirate_common::segment::SegmentShape;
-use tokio::{net::TcpListener, task::JoinHandle};
+use pirate_common::segment::{CacheEntry, SegmentShape};
+use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -39,6 +39,15 @@ fn settle(shape: &SegmentShape) -> Duration {
     Duration::from_nanos(shape.interval_ns / 100).clamp(Duration::from_millis(5), Duration::from_millis(100))
 }
 
+/// Packets' times at the upstream point (identity, TAI ns), which the link carries for another
+/// capability at the downstream point (RLI's sampled references) as they come: at the upstream
+/// point what to send, at the downstream point where they go. Either may be absent.
+#[derive(Default)]
+pub struct Relay {
+    pub send: Option<mpsc::Receiver<Vec<(u64, u64)>>>,
+    pub deliver: Option<mpsc::Sender<Vec<(u64, u64)>>>,
+}
+
 /// Starts the segment's task if `[segment]` gives this pirated a role. The downstream point's
 /// listener is bound here, so a busy address fails the start; with role `both`, the downstream
 /// point's chain (`down`, attached) measures the segment alone, the two points linked in memory.
@@ -46,6 +55,7 @@ pub async fn spawn(
     segment: &SegmentConfig,
     down: Option<Datapath>,
     dp: &mut Datapath,
+    relay: Relay,
     metrics: Shared,
     lines: Option<Lines>,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
@@ -54,7 +64,15 @@ pub async fn spawn(
     }
     let shape = segment.shape();
     let cache = segment.cache_packets as usize;
-    let state = |upstream, maps, link| -> anyhow::Result<State> {
+    let Relay { send, deliver } = relay;
+    let (mut send, mut deliver) = (Some(send), Some(deliver));
+    let mut state = |upstream, maps, mut link: Link| -> anyhow::Result<State> {
+        // The relayed times by tasks of their own: the point's task stops for a while to close
+        // an interval (its banks read), which they must not wait for.
+        match upstream {
+            true => relay_out(send.take().flatten(), link.outgoing.clone(), shape),
+            false => relay_in(deliver.take().flatten(), &mut link),
+        }
         Ok(State {
             shape,
             upstream,
@@ -101,6 +119,44 @@ pub async fn spawn(
     })))
 }
 
+/// At the upstream point: the times from `send` to the peer, as they come (the peer away, or
+/// slow: dropped, and at the downstream point their references never get a delay, and say so).
+fn relay_out(send: Option<mpsc::Receiver<Vec<(u64, u64)>>>, outgoing: mpsc::Sender<Message>, shape: SegmentShape) {
+    let Some(mut send) = send else { return };
+    tokio::spawn(async move {
+        while let Some(times) = send.recv().await {
+            let interval = shape.interval(clock::now());
+            let times = times.into_iter().map(|(id, ts)| CacheEntry { id, ts }).collect();
+            let _ = outgoing.try_send(Message::Times { interval, times });
+        }
+    });
+}
+
+/// At the downstream point: the peer's times go to `deliver`, every other message on to the
+/// point's task (through the link's `incoming`, which this puts itself in front of).
+fn relay_in(deliver: Option<mpsc::Sender<Vec<(u64, u64)>>>, link: &mut Link) {
+    let Some(deliver) = deliver else { return };
+    let (onward, incoming) = mpsc::channel(RELAY_QUEUE);
+    let mut from_peer = std::mem::replace(&mut link.incoming, incoming);
+    tokio::spawn(async move {
+        while let Some(m) = from_peer.recv().await {
+            match m {
+                Message::Times { times, .. } => {
+                    let _ = deliver.try_send(times.into_iter().map(|t| (t.id, t.ts)).collect());
+                }
+                other => {
+                    if onward.send(other).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Messages on their way from the relay to the point's task.
+const RELAY_QUEUE: usize = 64;
+
 /// An interval the downstream point is reconciling.
 #[derive(Default)]
 struct Pending {
@@ -138,7 +194,9 @@ impl State {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {
                     self.drain_cache();
-                    self.close(next)?;
+                    // Reading the banks and reconciling take a while: the other tasks (the
+                    // relayed times among them) go on on another thread meanwhile.
+                    tokio::task::block_in_place(|| self.close(next))?;
                     next += 1;
                 }
                 guard = cache_ready.readable() => {
@@ -205,7 +263,7 @@ impl State {
                 self.drain_cache();
                 let stamps = ids
                     .into_iter()
-                    .filter_map(|id| Some(pirate_common::segment::CacheEntry { id, ts: self.cache.get(interval, id)? }))
+                    .filter_map(|id| Some(CacheEntry { id, ts: self.cache.get(interval, id)? }))
                     .collect();
                 let _ = self.link.outgoing.try_send(Message::Stamps { interval, stamps });
             }

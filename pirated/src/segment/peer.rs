@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     channel::{self, Initiator, Opener, Responder, Sealer, MAX_ANSWER},
-    wire::{Message, Refusal, HELLO_BODY, KINDS, MAX_BODY},
+    wire::{Message, Refusal, HELLO_BODY, KINDS, MAX_BODY, TIMES},
 };
 use crate::{clock, limit::Held, psk::Psk};
 
@@ -401,7 +401,8 @@ impl Session {
         }
         let kind = m.kind() as usize;
         let interval = m.interval();
-        if interval <= last[kind] {
+        // Times come several an interval; the channel refuses one played again.
+        if interval < last[kind] || (interval == last[kind] && kind != TIMES as usize) {
             return Err(Refusal::new("stale", format!("interval {interval} again (replayed?)")));
         }
         self.fresh(interval)?;

@@ -49,6 +49,12 @@ pub enum Message {
         interval: u64,
         stamps: Vec<CacheEntry>,
     },
+    /// Upstream's times of packets, streamed as they come (every few ms, several in one
+    /// interval) for a capability at the downstream point: RLI's sampled references.
+    Times {
+        interval: u64,
+        times: Vec<CacheEntry>,
+    },
 }
 
 impl Message {
@@ -59,14 +65,16 @@ impl Message {
             Message::Record(_) => 2,
             Message::Request { .. } => 3,
             Message::Stamps { .. } => 4,
+            Message::Times { .. } => TIMES,
         }
     }
 
     pub fn interval(&self) -> u64 {
         match self {
-            Message::Hello { interval, .. } | Message::Request { interval, .. } | Message::Stamps { interval, .. } => {
-                *interval
-            }
+            Message::Hello { interval, .. }
+            | Message::Request { interval, .. }
+            | Message::Stamps { interval, .. }
+            | Message::Times { interval, .. } => *interval,
             Message::Record(r) => r.interval,
         }
     }
@@ -93,7 +101,7 @@ impl Message {
                 out.extend_from_slice(&(ids.len() as u64).to_le_bytes());
                 put(&mut out, ids);
             }
-            Message::Stamps { stamps, .. } => {
+            Message::Stamps { stamps, .. } | Message::Times { times: stamps, .. } => {
                 out.extend_from_slice(&(stamps.len() as u64).to_le_bytes());
                 for s in stamps {
                     put(&mut out, &[s.id, s.ts]);
@@ -161,7 +169,9 @@ impl std::fmt::Display for Refusal {
 }
 
 /// Number of message kinds.
-pub const KINDS: usize = 4;
+pub const KINDS: usize = 5;
+/// The kind of `Message::Times`, the one several messages of an interval may have.
+pub const TIMES: u8 = 5;
 
 fn put(out: &mut Vec<u8>, words: &[u64]) {
     for w in words {
@@ -237,11 +247,14 @@ fn parse(kind: u8, interval: u64, body: &[u8]) -> Option<Message> {
             let n = r.count(n, 8)?;
             Message::Request { interval, ids: (0..n).map(|_| r.u64()).collect::<Option<_>>()? }
         }
-        4 => {
+        4 | TIMES => {
             let n = r.u64()?;
             let n = r.count(n, 16)?;
             let stamps = (0..n).map(|_| Some(CacheEntry { id: r.u64()?, ts: r.u64()? })).collect::<Option<_>>()?;
-            Message::Stamps { interval, stamps }
+            match kind {
+                4 => Message::Stamps { interval, stamps },
+                _ => Message::Times { interval, times: stamps },
+            }
         }
         _ => return None,
     };
@@ -274,6 +287,7 @@ mod tests {
             Message::Record(record),
             Message::Request { interval: 6, ids: vec![1, 2, u64::MAX] },
             Message::Stamps { interval: 6, stamps: vec![CacheEntry { id: 2, ts: 3 }] },
+            Message::Times { interval: 6, times: vec![CacheEntry { id: 4, ts: 5 }, CacheEntry { id: 6, ts: 7 }] },
         ]
     }
 

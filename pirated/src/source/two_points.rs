@@ -10,7 +10,11 @@ use pirate_common::ctx::PacketCtx;
 use crate::{
     capture::CaptureReader,
     config::Config,
-    rli::{self, config::RliConfig, replay::Replay},
+    rli::{
+        self,
+        config::RliConfig,
+        replay::{Replay, Upstream},
+    },
     segment::replay::{self as segment_replay, Before},
 };
 
@@ -19,7 +23,7 @@ use crate::{
 pub struct RliFirst<W: Write> {
     replay: Replay,
     out: W,
-    error: Option<std::io::Error>,
+    error: Option<anyhow::Error>,
 }
 
 impl<W: Write> RliFirst<W> {
@@ -39,7 +43,7 @@ impl<W: Write> Before for RliFirst<W> {
 
     fn end(&mut self) -> anyhow::Result<()> {
         self.replay.finish(&mut self.out)?;
-        self.error.take().map_or(Ok(()), |e| Err(e).context("writing RLI's lines"))
+        self.error.take().map_or(Ok(()), |e| Err(e).context("RLI's replay"))
     }
 }
 
@@ -59,6 +63,13 @@ pub fn replay(config: &Config, up: CaptureReader, down: CaptureReader, tai_offse
     }
     let key = rli::live::tag_key(&config.segment.key()?);
     let mut rli = RliFirst::new(&config.rli, key, config.segment.interval.as_nanos(), std::io::stdout());
+    if config.rli.sampled() {
+        // The upstream capture read a second time, ahead of the downstream one.
+        let again = CaptureReader::open(up.path())
+            .with_context(|| format!("sampled references read the upstream capture {} again", up.path().display()))?;
+        let upstream = Upstream::new(&config.rli, key, again, tai_offset_ns);
+        rli.replay = rli.replay.with_upstream(upstream, config.rli.max_delay.as_nanos());
+    }
     let replayed = segment_replay::run(&config.segment, up, down, tai_offset_ns, out, &mut rli);
     let mut verdicts: Vec<_> = rli.replay.verdicts.iter().collect();
     verdicts.sort();

@@ -197,6 +197,7 @@ pub fn spawn_downstream(
         let mut counted = maps.counters.read().unwrap_or([0; counters::COUNT as usize]);
         let mut outcomes = Outcomes::default();
         let mut resolved = Vec::new();
+        let mut unmatched = false;
         loop {
             while clock::now() < intervals.due(next) {
                 let wait = Duration::from_nanos(intervals.due(next).saturating_sub(clock::now()));
@@ -237,6 +238,18 @@ pub fn spawn_downstream(
             let delta = std::array::from_fn(|i| now[i].saturating_sub(counted[i]));
             counted = now;
             let sampled = matcher.outcomes.since(&mut outcomes);
+            // Said when it starts and when it ends, not every interval.
+            let orphaned = sampled.unmatched > 0 && sampled.matched == 0;
+            if orphaned != std::mem::replace(&mut unmatched, orphaned) {
+                match orphaned {
+                    true => warn!(
+                        references = sampled.unmatched,
+                        "rli: no upstream time for any sampled reference: is the upstream point running, with \
+                         rli.references = \"sampled\" and the same rli.sample_share and segment key?"
+                    ),
+                    false => info!("rli: sampled references' upstream times arrive again"),
+                }
+            }
             metrics(&mut |m| {
                 m.publish_counters(&delta, &sampled);
                 m.publish_interval(closed.references.as_ref(), &closed.flows);

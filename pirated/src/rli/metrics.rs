@@ -143,9 +143,7 @@ impl Metrics {
             ("ambiguous", sampled.ambiguous),
             ("stale_sampled", sampled.stale),
         ] {
-            if n > 0 {
-                self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
-            }
+            self.references.get_or_create(&OutcomeLabel { outcome }).inc_by(n);
         }
         self.flows_inserted.inc_by(delta[counters::EVENT_RLI_FLOW_INSERTED as usize]);
     }

@@ -3,8 +3,9 @@
 //! sender (a packet a millisecond each, starting at random) through it. Per injection scheme and
 //! reference budget, the live per-flow figures against the captures at both points; and from
 //! the same captures, what as many hash-sampled references would read (their delays exact from
-//! the captures, the interpolation pirated's, `rli::interpolate`): the comparison of the two
-//! kinds on the same traffic.
+//! the captures, the interpolation pirated's, `rli::interpolate`); and sampled references live,
+//! as many as 1-in-τ takes at the paper's budget: the comparison of the two kinds on the same
+//! traffic.
 
 use std::{
     collections::HashMap,
@@ -93,6 +94,8 @@ fn send(tb: &TwoPoint, flows: &[(u16, Duration, u64)]) -> Result<()> {
 /// A way of placing references, as `[rli]` says it.
 struct Scheme {
     name: String,
+    /// Sampled references, not injected ones.
+    sampled: bool,
     /// The link emulator's impairments (`LinkSpec`'s syntax).
     link: &'static str,
     /// The ceiling on the references' share of the link.
@@ -131,8 +134,9 @@ fn run(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<Run> {
         Capture::start(&tb.down, DOWN_IF, &filter)?,
         Capture::start(&tb.up, "u-d", &leaving)?,
     ];
+    let outcome = if scheme.sampled { "matched" } else { "taken" };
     let taken = |d: &Pirated| -> Result<f64> {
-        Ok(metric(&d.metrics(&tb.down)?, "pirated_rli_references_total{outcome=\"taken\"}"))
+        Ok(metric(&d.metrics(&tb.down)?, &format!("pirated_rli_references_total{{outcome=\"{outcome}\"}}")))
     };
     let (stop, begun) = (AtomicBool::new(false), Instant::now());
     let before = taken(&down)?;
@@ -277,18 +281,21 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
         let schemes = [
             Scheme {
                 name: format!("1-in-τ {period}"),
+                sampled: false,
                 link: CLEAN,
                 max_share: share,
                 rli: format!("{base}injection = \"period\"\nperiod = \"{period}\"\n"),
             },
             Scheme {
                 name: format!("1-in-{n}"),
+                sampled: false,
                 link: CLEAN,
                 max_share: share,
                 rli: format!("{base}injection = \"packets\"\npackets = {n}\n"),
             },
             Scheme {
                 name: "adaptive".into(),
+                sampled: false,
                 link: CLEAN,
                 max_share: adaptive,
                 rli: format!(
@@ -306,11 +313,27 @@ pub fn bench(shares: &[f64], flow_count: usize) -> Result<()> {
     let period = format!("{}us", (ceiling(0.002) * 1e6).ceil() as u64);
     let lossy = Scheme {
         name: "1-in-τ, 1 % lost, 1 % reordered".into(),
+        sampled: false,
         link: "delay=1ms,loss=0.01,reorder=0.01,reorder_delay=0",
         max_share: 0.002,
         rli: format!("link_bps = {LINK_BPS}\nmax_share = 0.002\ninjection = \"period\"\nperiod = \"{period}\"\n"),
     };
     println!("{}", row(&lossy, &flows).context("the lossy link")?);
+    // Sampled references live: as many as 1-in-τ at the paper's budget takes (one every
+    // ceiling) from the packets the link carries, and the most rli.sample_share allows (a
+    // tenth). Nothing injected: their times cross the segment's channel (16 bytes each, and 42
+    // a message a ms).
+    let pps = packets as f64 / 5.0 + 1500.0;
+    for share in [1.0 / (ceiling(0.002) * pps), 0.1] {
+        let sampled = Scheme {
+            name: format!("sampled {:.2} %", share * 100.0),
+            sampled: true,
+            link: CLEAN,
+            max_share: 0.0,
+            rli: format!("references = \"sampled\"\nsample_share = {share}\n"),
+        };
+        println!("{}", row(&sampled, &flows).context("sampled references")?);
+    }
     Ok(())
 }
 
@@ -339,7 +362,9 @@ fn row(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<String> {
         "{:>10} {:>8.2}% {:>8.3} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:6.2} / {:6.2} | {:4.0} / {:4.0}",
         scheme.name,
         scheme.max_share * 100.0,
-        r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds) * 100.0,
+        // Sampled references add nothing to the link.
+        f64::from(u8::from(!scheme.sampled)) * r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds)
+            * 100.0,
         pct(median_p90(&rli_m)),
         pct(median_p90(&rli_s)),
         pct(median_p90(&left_m)),

@@ -491,6 +491,13 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         judged += 1;
     }
     ensure!(judged >= 1, "no interval judged");
+    // Injected references' delays are in on arrival: no group ever widens.
+    let flows = lines.iter().filter(|l| l["type"] == "segment_flow");
+    let (widened, interpolated) = flows.fold((0, 0), |(w, n), l| {
+        (w + l["widened"].as_u64().unwrap_or(0), n + l["rli"]["packets"].as_u64().unwrap_or(0))
+    });
+    println!("{widened} of {interpolated} packets interpolated over widened spans");
+    ensure!(seg.sampled || widened == 0, "{widened} packets widened with injected references");
     for (&ports, delays) in &truth {
         let (mean, std) = moments(delays);
         let (n, rli_mean, rli_std) = merged(&lines, ports, "rli");

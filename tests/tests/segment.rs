@@ -179,6 +179,14 @@ struct Judged {
 fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
     let truth = truths.get(&line["interval"].as_i64().unwrap())?;
     if truth.unsure || truth.delays.len() < 100 + truth.crossed as usize {
+        // Said, so that a run with too few intervals judged shows why.
+        println!(
+            "interval {} {what}: not judged ({} probes, {} crossed{})",
+            line["interval"],
+            truth.delays.len(),
+            truth.crossed,
+            if truth.unsure { ", a probe near an edge or missed by a capture" } else { "" }
+        );
         return None;
     }
     assert_eq!(line["measured"], true, "{line}");

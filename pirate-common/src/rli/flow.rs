@@ -157,6 +157,8 @@ pub struct RliFlow {
     /// Packets RLI could not interpolate (outside the bounds, their right reference lost, or
     /// their left one's delay never known).
     pub unsettled: u64,
+    /// Packets RLI interpolated in a widened group: over a span with references inside it.
+    pub widened: u64,
 }
 
 impl RliFlow {
@@ -317,8 +319,10 @@ impl RliFlow {
         // Σ τ / span and Σ τ² / span², in 2^-16 units: each at most k.
         let x1 = ((tau << 16) / span) as i64;
         let x2 = (((tau_sq / span) << 16) / span) as i64;
-        if !self.rli.add_line(k, left_ns, delta, x1, x2) {
-            self.unsettled += k;
+        match self.rli.add_line(k, left_ns, delta, x1, x2) {
+            true if w.last != w.seq() => self.widened += k,
+            true => {}
+            false => self.unsettled += k,
         }
         true
     }

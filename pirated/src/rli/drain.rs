@@ -42,6 +42,9 @@ pub struct FlowFigures {
     pub left: Figures,
     /// Packets RLI could not interpolate in the interval (RLI-L counted them).
     pub unsettled: u64,
+    /// Packets RLI interpolated over a widened span (sampled references whose delays were
+    /// slow to come: see `pirate_common::rli::flow`).
+    pub widened: u64,
 }
 
 /// The downstream point's intervals, live or replayed: the references taken, by the interval
@@ -152,7 +155,7 @@ impl Drain {
                 previous.insert(key, cpus);
                 continue;
             }
-            let (mut rli, mut left, mut unsettled) = (Merge::default(), Merge::default(), 0);
+            let (mut rli, mut left, mut unsettled, mut widened) = (Merge::default(), Merge::default(), 0, 0);
             for (cpu, raw) in cpus.iter().enumerate() {
                 let was = before.get(cpu).copied().unwrap_or_default();
                 let mut now = *raw;
@@ -162,6 +165,7 @@ impl Drain {
                 rli.add(&gained(&now.rli, &was.rli));
                 left.add(&gained(&now.left, &was.left));
                 unsettled += now.unsettled.saturating_sub(was.unsettled);
+                widened += now.widened.saturating_sub(was.widened);
             }
             match ended {
                 true => out.ended.push(key),
@@ -174,7 +178,7 @@ impl Drain {
                 if unsettled as f64 > MAX_UNSETTLED * (rli.packets + unsettled) as f64 {
                     interpolated = Figures { packets: rli.packets, withheld: Some("unsettled"), ..Figures::default() };
                 }
-                out.figures.push(FlowFigures { key, rli: interpolated, left: left.figures(), unsettled });
+                out.figures.push(FlowFigures { key, rli: interpolated, left: left.figures(), unsettled, widened });
             }
         }
         self.previous = previous;

@@ -133,6 +133,7 @@ mod tests {
         for lag in [1, GROUPS as u64 - 1] {
             for (i, (a, b)) in known.iter().zip(feed(&trace, lag, tail)).enumerate() {
                 assert_eq!((a.unsettled, a.rli.packets, a.left.packets), (b.unsettled, b.rli.packets, b.left.packets));
+                assert_eq!((a.widened, b.widened), (0, 0), "flow {i}, lag {lag}");
                 assert_eq!((a.rli.sum_ns, a.left.sum_ns), (b.rli.sum_ns, b.left.sum_ns), "flow {i}, lag {lag}");
                 for (x, y) in [(&a.rli, &b.rli), (&a.left, &b.left)].into_iter().filter(|(x, _)| x.packets > 1) {
                     let (sa, sb) = (moments(x).2, moments(y).2);
@@ -141,9 +142,10 @@ mod tests {
             }
         }
         // Each flow's error against its true mean, with every reference and widened.
-        let (mut all, mut widened) = (Vec::new(), Vec::new());
+        let (mut all, mut widened, mut counted) = (Vec::new(), Vec::new(), (0, 0));
         for ((a, b), truth) in known.iter().zip(feed(&trace, 4 * GROUPS as u64, tail)).zip(&trace.truth) {
             assert_eq!((b.unsettled, b.rli.packets), (a.unsettled, a.rli.packets));
+            counted = (counted.0 + b.widened, counted.1 + b.rli.packets);
             if a.rli.packets >= 100 {
                 let true_mean = truth.mean().unwrap();
                 all.push((moments(&a.rli).1 / true_mean - 1.0).abs());
@@ -157,5 +159,7 @@ mod tests {
         let (all, widened) = (median(all), median(widened));
         println!("median error of flows' means: {all:.4} with every reference, {widened:.4} widened");
         assert!(widened < 0.1, "widened: {widened} median error");
+        // Those in widened groups say so (a third of them here).
+        assert!(counted.0 > counted.1 / 5, "{} of {} packets counted widened", counted.0, counted.1);
     }
 }

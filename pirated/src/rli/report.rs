@@ -43,6 +43,7 @@ pub fn write(out: &mut impl Write, closed: &Closed) -> std::io::Result<()> {
             "rli": figures(&f.rli),
             "rli_l": figures(&f.left),
             "unsettled": f.unsettled,
+            "widened": f.widened,
         });
         serde_json::to_writer(&mut *out, &line)?;
         out.write_all(b"\n")?;

@@ -525,7 +525,9 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         // rli"). The left reference alone reads high with them, by 5–12 %: they are packets,
         // dense in the bursts that fill the queue, and the last one's delay stands for the
         // whole gap after it while the queue drains (docs/accuracy.md). Not judged.
-        let within_rli = if seg.sampled { 4.0 } else { 2.0 };
+        // With sampled references, widened groups (their delays slow to come while the host
+        // is busy) read a few % high here: +0.5 … +4.4 % over the runs in docs/accuracy.md.
+        let within_rli = if seg.sampled { 6.0 } else { 2.0 };
         ensure!(err(rli_mean, mean).abs() < within_rli && err(rli_std, std).abs() < 5.0, "RLI off");
         ensure!(seg.sampled || (err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0), "RLI-L off");
         // Replayed from the captures before D: the same references, the packets stamped a few

@@ -69,8 +69,9 @@ fn step(ctx: &XdpContext) -> Verdict {
 /// newest's number is written after its slot, and is not compared and set atomically: two
 /// CPUs taking references at once (a replayed copy racing its original) may set it back by one.
 /// A sampled reference's number is an atomic add then a read (the backend has no
-/// fetch-and-add): two CPUs sampling at the same instant may read the same number, which
-/// pirated sees twice and voids.
+/// fetch-and-add): two CPUs sampling at the same instant may read the same number. The slot
+/// then keeps one of the two, and pirated writes each one's delay with its own arrival, so the
+/// slot always pairs an arrival with its delay (of packets nanoseconds apart).
 struct Maps;
 
 impl Maps {

@@ -129,9 +129,9 @@ fn inject(socket: UdpSocket, key: [u64; 2], mut schedule: Schedule, egress: Opti
 
 /// With sampled references, the niceness pirated's threads take (`rli.nice`): the packets
 /// around a reference wait for its upstream time, which a few of pirated's tasks carry at each
-/// point; a host busy with other work (measured: the testbed's probe senders) kept them off the
-/// CPU for tens of ms, and the waiting packets were interpolated over longer spans (a flow's
-/// mean off by up to 6 %, against 1.5 % at -15). Without the privilege to, a warning.
+/// point, and other work on a busy host can keep them off the CPU long enough for the waiting
+/// packets' groups to widen (docs/accuracy.md, "Sampled references, live"). Without the
+/// privilege to, a warning.
 pub fn prioritise(nice: i32) {
     if nice == 0 {
         return;

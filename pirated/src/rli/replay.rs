@@ -125,7 +125,7 @@ pub struct Upstream {
     pkt: PacketCtx,
     refs: Refs,
     /// The last frame's time, and whether the capture has ended.
-    read_to: u64,
+    last_ns: u64,
     ended: bool,
 }
 
@@ -140,7 +140,7 @@ impl Upstream {
             tai_offset_ns,
             pkt: PacketCtx::default(),
             refs: Refs::new(),
-            read_to: 0,
+            last_ns: 0,
             ended: false,
         }
     }
@@ -148,7 +148,7 @@ impl Upstream {
     /// Reads the capture up to a frame after `tai_ns`, its sampled packets' times to `matcher`.
     fn read_to(&mut self, tai_ns: u64, matcher: &mut Matcher, out: &mut Vec<Taken>) -> anyhow::Result<()> {
         let mut none = Table::default();
-        while !self.ended && self.read_to <= tai_ns {
+        while !self.ended && self.last_ns <= tai_ns {
             let Some((ts, frame)) = self.reader.frame()? else {
                 self.ended = true;
                 break;
@@ -157,7 +157,7 @@ impl Upstream {
                 continue;
             }
             let ts = ts.saturating_add_signed(self.tai_offset_ns);
-            self.read_to = ts;
+            self.last_ns = ts;
             self.pkt.ts_ns = ts;
             packet(&self.shape, &self.pkt, frame, || ts, &mut self.refs, &mut none);
             for t in self.refs.taken.drain(..) {

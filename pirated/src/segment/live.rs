@@ -64,14 +64,13 @@ pub async fn spawn(
     }
     let shape = segment.shape();
     let cache = segment.cache_packets as usize;
-    let Relay { send, deliver } = relay;
-    let (mut send, mut deliver) = (Some(send), Some(deliver));
+    let Relay { mut send, mut deliver } = relay;
     let mut state = |upstream, maps, mut link: Link| -> anyhow::Result<State> {
         // The relayed times by tasks of their own: the point's task stops for a while to close
         // an interval (its banks read), which they must not wait for.
         match upstream {
-            true => relay_out(send.take().flatten(), link.outgoing.clone(), shape),
-            false => relay_in(deliver.take().flatten(), &mut link),
+            true => relay_out(send.take(), link.outgoing.clone(), shape),
+            false => relay_in(deliver.take(), &mut link),
         }
         Ok(State {
             shape,

@@ -63,6 +63,11 @@ fn median_p90(errors: &[f64]) -> (f64, f64) {
     (at(0.5), at(0.9))
 }
 
+/// A median / p90 pair as percentages, for the tables.
+fn pct(x: (f64, f64)) -> String {
+    format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0)
+}
+
 /// The median of `values`, signed (NaN for none).
 fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
@@ -149,7 +154,6 @@ fn synthetic(args: &Args) -> Result<()> {
             let (rli_m, rli_s) = errors(&trace.truth, &e.rli, 100, u64::MAX);
             let (left_m, left_s) = errors(&trace.truth, &e.left, 100, u64::MAX);
             let (small, _) = errors(&trace.truth, &e.rli, 10, 100);
-            let pct = |x: (f64, f64)| format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0);
             format!(
                 "{load:>4} {name:>12} {:>8.3} {:>8.3} {:>6} | {:>15} {:>15} | {:>15} {:>15} | {:>15} | {:>+8.2}",
                 trace.references as f64 / regular as f64 * 100.0,

@@ -34,7 +34,7 @@ use pirated::{
 };
 use serde_json::Value;
 
-use super::{median, median_p90};
+use super::{median, median_p90, pct};
 
 /// The segment's capacity (the token bucket's rate).
 const LINK_BPS: u64 = 50_000_000;
@@ -356,15 +356,17 @@ fn row(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<String> {
     let sampled = sampled(&r, r.references);
     let (sampled_m, _) = errors(&r.truth, 100, usize::MAX, |p| sampled.get(&p).copied().unwrap_or_default());
     let p99 = p99_errors(&r);
-    let pct = |x: (f64, f64)| format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0);
     let worst = p99.iter().copied().map(f64::abs).fold(f64::NAN, f64::max);
     Ok(format!(
         "{:>10} {:>8.2}% {:>8.3} | {:>15} {:>15} | {:>15} | {:>15} | {:>15} | {:6.2} / {:6.2} | {:4.0} / {:4.0}",
         scheme.name,
         scheme.max_share * 100.0,
         // Sampled references add nothing to the link.
-        f64::from(u8::from(!scheme.sampled)) * r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds)
-            * 100.0,
+        if scheme.sampled {
+            0.0
+        } else {
+            r.references * WIRE_BYTES as f64 * 8.0 / (LINK_BPS as f64 * r.seconds) * 100.0
+        },
         pct(median_p90(&rli_m)),
         pct(median_p90(&rli_s)),
         pct(median_p90(&left_m)),

@@ -2,6 +2,7 @@
 //! Shared layers at the top (config, datapath, sources, the epoch pipeline, metrics), a folder
 //! per capability.
 
+pub mod background;
 pub mod buffer;
 pub mod capture;
 pub mod clock;

@@ -68,6 +68,8 @@ pub type Ports = (u16, u16);
 pub struct Truth {
     pub flows: BTreeMap<Ports, Vec<f64>>,
     pub intervals: BTreeMap<i64, Vec<f64>>,
+    /// Each flow's, per interval.
+    pub flow_intervals: BTreeMap<(Ports, i64), Vec<f64>>,
     /// Each datagram's, by flow and sequence number.
     pub packets: HashMap<(Ports, u64), f64>,
 }
@@ -93,7 +95,9 @@ impl Truth {
             if let Some(arrived) = down.get(id) {
                 let delay = *arrived as f64 - *sent as f64;
                 truth.flows.entry(id.0).or_default().push(delay);
-                truth.intervals.entry((*arrived as i64 + offset) / 1_000_000_000).or_default().push(delay);
+                let interval = (*arrived as i64 + offset) / 1_000_000_000;
+                truth.intervals.entry(interval).or_default().push(delay);
+                truth.flow_intervals.entry((id.0, interval)).or_default().push(delay);
                 truth.packets.insert(*id, delay);
             }
         }

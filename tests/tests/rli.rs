@@ -5,6 +5,7 @@
 //! testbed: each flow's delay through a queue against captures at both points.
 
 use std::{
+    collections::HashSet,
     net::UdpSocket,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
@@ -134,7 +135,7 @@ fn references_are_checked_taken_and_used_and_nothing_else_is_dropped() -> Result
     }
     let flows = maps.flows()?;
     let refs = maps.references(&flows)?;
-    let figures = Drain::default().read(flows, &refs, false).figures;
+    let figures = Drain::default().read(flows, &refs, false, None).figures;
     ensure!(figures.len() == 1, "{figures:?}");
     let f = &figures[0];
     ensure!(f.key.dport == 80 && f.unsettled == 0, "{f:?}");
@@ -221,7 +222,7 @@ fn sampled_packets_pass_and_wait_for_their_upstream_times() -> Result<()> {
     let flow = |maps: &pirated::datapath::rli::RliMaps| -> Result<_> {
         let flows = maps.flows()?;
         let refs = maps.references(&flows)?;
-        let flows = Drain::default().read(flows, &refs, false).figures;
+        let flows = Drain::default().read(flows, &refs, false, None).figures;
         Ok(flows.into_iter().find(|f| f.key.sport == 6000))
     };
     ensure!(flow(&maps)?.is_none(), "nothing counted while the delays are pending");
@@ -252,6 +253,25 @@ const LIVE_RLI: &str = "period = \"1ms\"\nlink_bps = 20000000\nmax_share = 0.05\
 /// Or a tenth of the packets sampled as references (the probes' 4 000 a second and the cross
 /// traffic's 600: one every 2 ms).
 const SAMPLED_RLI: &str = "references = \"sampled\"\nsample_share = 0.1\n";
+
+/// The `segment_flow` lines of `replayed` whose flow and interval have an RLI figure in `live`.
+fn published_live(replayed: &[Value], live: &[Value]) -> Vec<Value> {
+    let key = |l: &Value| (l["interval"].as_i64(), l["client"].to_string(), l["server"].to_string());
+    let published: HashSet<_> = live.iter().filter(|l| l["rli"]["mean_ns"].is_number()).map(key).collect();
+    replayed.iter().filter(|l| published.contains(&key(l))).cloned().collect()
+}
+
+/// Whether the flow `ports` has an RLI figure in `interval` among `lines`.
+fn has_figure(lines: &[Value], ports: rli::Ports, interval: i64) -> bool {
+    let (client, server) = (format!("{SENDER_IP}:{}", ports.0), format!("{RECEIVER_IP}:{}", ports.1));
+    lines.iter().any(|l| {
+        l["type"] == "segment_flow"
+            && l["interval"].as_i64() == Some(interval)
+            && l["client"] == client.as_str()
+            && l["server"] == server.as_str()
+            && l["rli"]["mean_ns"].is_number()
+    })
+}
 
 /// A point's configuration for the live tests.
 fn live_config(role: &str, extra: &str, target: &str) -> Result<String> {
@@ -443,7 +463,7 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
 
     let truth_of =
         |ports| -> Result<Truth> { Ok(Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, ports)) };
-    let Truth { flows: truth, mut intervals, .. } = truth_of(FLOW_PORT..FLOW_PORT + FLOWS)?;
+    let Truth { flows: truth, mut intervals, flow_intervals, .. } = truth_of(FLOW_PORT..FLOW_PORT + FLOWS)?;
     if seg.sampled {
         // Sampled references are packets: the delays the packets saw, the cross traffic's
         // bursts included (injected ones, like the probes, see the queue evenly over time).
@@ -496,17 +516,29 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
     let (widened, interpolated) = flows.fold((0, 0), |(w, n), l| {
         (w + l["widened"].as_u64().unwrap_or(0), n + l["rli"]["packets"].as_u64().unwrap_or(0))
     });
-    println!("{widened} of {interpolated} packets interpolated over widened spans");
+    let withheld = lines.iter().filter(|l| l["type"] == "segment_flow" && l["rli"]["withheld"] == "widened").count();
+    println!(
+        "{widened} of {interpolated} packets interpolated over widened spans; {withheld} flows' intervals withheld"
+    );
     ensure!(seg.sampled || widened == 0, "{widened} packets widened with injected references");
     for (&ports, delays) in &truth {
-        let (mean, std) = moments(delays);
+        // RLI against the flow's packets in the intervals it has a figure for.
+        let published: Vec<f64> = flow_intervals
+            .iter()
+            .filter(|((p, interval), _)| *p == ports && has_figure(&lines, ports, *interval))
+            .flat_map(|(_, d)| d.iter().copied())
+            .collect();
+        let (mean, std) = moments(&published);
+        let (mean_l, std_l) = moments(delays);
         let (n, rli_mean, rli_std) = merged(&lines, ports, "rli");
         let (n_l, left_mean, left_std) = merged(&lines, ports, "rli_l");
         let err = |x: f64, t: f64| (x / t - 1.0) * 100.0;
         println!(
-            "flow to {}: {} packets, {:.3} ± {:.3} ms; RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
+            "flow to {}: {} packets, {:.3} ± {:.3} ms ({:.3} ± {:.3} ms in RLI's intervals); RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
             ports.1,
             delays.len(),
+            mean_l / 1e6,
+            std_l / 1e6,
             mean / 1e6,
             std / 1e6,
             rli_mean / 1e6,
@@ -515,24 +547,27 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
             err(rli_std, std),
             left_mean / 1e6,
             left_std / 1e6,
-            err(left_mean, mean),
-            err(left_std, std),
+            err(left_mean, mean_l),
+            err(left_std, std_l),
         );
-        ensure!(n as f64 >= 0.99 * delays.len() as f64, "RLI interpolated {n} of {} packets", delays.len());
+        // Sampled references: a flow's interval whose widened packets could move its mean by
+        // more than 2 % is withheld ("widened"): a few references' delays come late now and
+        // then on this busy host, and the queue's delay swings by 34 ms within a few of them.
+        let share = if seg.sampled { 0.6 } else { 0.99 };
+        ensure!(n as f64 >= share * delays.len() as f64, "RLI interpolated {n} of {} packets", delays.len());
         ensure!(n_l as usize == delays.len(), "RLI-L counted {n_l} of {} packets", delays.len());
         // Sampled references come less often here (one every 2 ms against every ms) and
         // irregularly: interpolation reads 2–4× the injected ones' error ("cargo xtask bench
         // rli"). The left reference alone reads high with them, by 5–12 %: they are packets,
         // dense in the bursts that fill the queue, and the last one's delay stands for the
         // whole gap after it while the queue drains (docs/accuracy.md). Not judged.
-        // With sampled references, widened groups (their delays slow to come while the host
-        // is busy) read a few % high here: +0.5 … +4.4 % over the runs in docs/accuracy.md.
-        let within_rli = if seg.sampled { 6.0 } else { 2.0 };
+        let within_rli = if seg.sampled { 3.0 } else { 2.0 };
         ensure!(err(rli_mean, mean).abs() < within_rli && err(rli_std, std).abs() < 5.0, "RLI off");
-        ensure!(seg.sampled || (err(left_mean, mean).abs() < 2.0 && err(left_std, std).abs() < 5.0), "RLI-L off");
+        ensure!(seg.sampled || (err(left_mean, mean_l).abs() < 2.0 && err(left_std, std_l).abs() < 5.0), "RLI-L off");
         // Replayed from the captures before D: the same references, the packets stamped a few
-        // µs earlier than D's XDP did.
-        let (n_r, replayed_mean, replayed_std) = merged(&replayed, ports, "rli");
+        // µs earlier than D's XDP did; the flow's intervals live published (replay, every delay
+        // in at once, widens nothing).
+        let (n_r, replayed_mean, replayed_std) = merged(&published_live(&replayed, &lines), ports, "rli");
         println!(
             "  replayed: RLI {n_r}: {:.3} ± {:.3} ms ({:+.3} %, {:+.3} % of live)",
             replayed_mean / 1e6,
@@ -540,12 +575,12 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
             err(replayed_mean, rli_mean),
             err(replayed_std, rli_std)
         );
-        // Sampled references' delays reach the live point a ms or so after them, now and then
-        // tens of ms (pirated's threads kept off the CPU by the probes' senders, even at
-        // rli.nice): the flows' groups then widen, and live reads up to 2 % off what replay
-        // (every delay in at once) reads.
-        let (within_mean, within_std) = if seg.sampled { (3.0, 3.0) } else { (0.2, 0.5) };
-        ensure!(n_r == n && err(replayed_mean, rli_mean).abs() < within_mean, "replay against live");
+        // Sampled references' delays reach the live point a ms or so after them: the flows'
+        // groups widen now and then, live reads a little off what replay reads.
+        let (within_mean, within_std) = if seg.sampled { (1.0, 1.0) } else { (0.2, 0.5) };
+        // (A packet at an interval's edge may fall in the next in replay: one withheld live, say.)
+        let same = if seg.sampled { n_r.abs_diff(n) * 1000 <= n } else { n_r == n };
+        ensure!(same && err(replayed_mean, rli_mean).abs() < within_mean, "replay against live: {n_r} of {n}");
         ensure!(err(replayed_std, rli_std).abs() < within_std, "replay against live");
     }
     Ok(())

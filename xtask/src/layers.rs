@@ -51,6 +51,7 @@ pub const CRATES: &[Layers] = &[
             ("psk", 0, Shared),
             ("parallel", 0, Shared),
             ("histogram", 0, Shared),
+            ("background", 0, Shared),
             ("buffer", 0, Shared),
             ("json", 0, Shared),
             ("capture", 0, Shared),

@@ -32,6 +32,13 @@ pub struct Figures {
 /// read the flow low. RLI-L still has them all.
 pub const MAX_UNSETTLED: f64 = 0.01;
 
+/// RLI's figures are withheld when the packets interpolated over a widened span could have moved
+/// the flow's mean by more than this share of it. A widened packet's delay is interpolated
+/// between references further apart than its own, whose delays bound it, as they bound the
+/// packet's own (RLI's premise): it is off by at most the spread of the delays over the span
+/// (see [`widened_spread`]), and the flow's mean by that times the widened share of its packets.
+pub const MAX_WIDENED_ERROR: f64 = 0.02;
+
 /// One flow's interval.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FlowFigures {
@@ -52,7 +59,18 @@ pub struct FlowFigures {
 pub struct Intervals {
     interval_ns: u64,
     drain: Drain,
-    delays: BTreeMap<u64, Vec<f64>>,
+    arrivals: BTreeMap<u64, Vec<Arrival>>,
+    /// The last interval closed's, where the spans widened in this one may start.
+    closed: Vec<Arrival>,
+}
+
+/// A reference as the downstream point took it: its arrival, when its delay was known (a
+/// sampled one's once matched, an injected one's on arrival), the delay (`None`: void).
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    at_ns: u64,
+    known_ns: u64,
+    delay: Option<f64>,
 }
 
 /// The flow table as read (each flow's counters per CPU) and the references the ring holds.
@@ -69,7 +87,7 @@ pub struct Closed {
 
 impl Intervals {
     pub fn new(interval_ns: u64) -> Intervals {
-        Intervals { interval_ns, drain: Drain::default(), delays: BTreeMap::new() }
+        Intervals { interval_ns, drain: Drain::default(), arrivals: BTreeMap::new(), closed: Vec::new() }
     }
 
     /// The interval `tai_ns` lies in.
@@ -83,11 +101,11 @@ impl Intervals {
         (interval + 1) * self.interval_ns + (self.interval_ns / 100).clamp(5_000_000, 100_000_000)
     }
 
-    /// A reference taken, if its delay is known (a sampled one's once matched).
-    pub fn taken(&mut self, t: Taken) {
-        if let Some(delay) = t.reference.delay() {
-            self.delays.entry(self.interval(t.tai_ns)).or_default().push(delay as f64);
-        }
+    /// A reference taken, its delay known (or void) at `known_ns`: on arrival for an injected
+    /// one, once matched for a sampled one.
+    pub fn taken(&mut self, t: Taken, known_ns: u64) {
+        let arrival = Arrival { at_ns: t.tai_ns, known_ns, delay: t.reference.delay().map(|d| d as f64) };
+        self.arrivals.entry(self.interval(t.tai_ns)).or_default().push(arrival);
     }
 
     /// The table as it stands is no interval's (see [`Drain::baseline`]).
@@ -100,9 +118,15 @@ impl Intervals {
     /// (`None`: it could not be read; the flows count in the next interval that reads it).
     /// With `over`, the flows are all taken as ended (a replayed capture's end).
     pub fn close(&mut self, interval: u64, table: Option<TableRead>, over: bool) -> Closed {
-        let mut taken = self.delays.remove(&interval).unwrap_or_default();
-        self.delays.retain(|i, _| *i > interval);
-        let read = table.map(|(flows, refs)| self.drain.read(flows, &refs, over)).unwrap_or_default();
+        let arrivals = self.arrivals.remove(&interval).unwrap_or_default();
+        self.arrivals.retain(|i, _| *i > interval);
+        let mut taken: Vec<f64> = arrivals.iter().filter_map(|a| a.delay).collect();
+        let mut around = std::mem::replace(&mut self.closed, arrivals);
+        around.extend_from_slice(&self.closed);
+        // Where no references waited together, nothing widened: but should some have, the
+        // interval's whole spread bounds them.
+        let spread = widened_spread(&mut around).or_else(|| spread(&taken));
+        let read = table.map(|(flows, refs)| self.drain.read(flows, &refs, over, spread)).unwrap_or_default();
         Closed { interval, references: Summary::of(&mut taken), flows: read.figures, ended: read.ended }
     }
 }
@@ -136,8 +160,16 @@ impl Drain {
     /// which an ended flow never sends), counted in this interval, and the flow is let go of
     /// (so that, should it come back, its counters start afresh rather than settle them twice).
     /// A flow read twice in one walk counts once.
-    /// With `over` (the capture replayed has ended), every flow is taken as ended.
-    pub fn read(&mut self, flows: Vec<(FlowKey, Vec<RliFlow>)>, references: &[Reference], over: bool) -> Read {
+    /// With `over` (the capture replayed has ended), every flow is taken as ended. `spread`:
+    /// the spread of the interval's reference delays (`None`: none known), which bounds what a
+    /// widened packet's delay can be off by (see [`MAX_WIDENED_ERROR`]).
+    pub fn read(
+        &mut self,
+        flows: Vec<(FlowKey, Vec<RliFlow>)>,
+        references: &[Reference],
+        over: bool,
+        spread: Option<f64>,
+    ) -> Read {
         let refs: HashMap<u64, Reference> = references.iter().map(|r| (r.seq, *r)).collect();
         let reference = |seq| refs.get(&seq).copied();
         let newest = refs.keys().max().copied().unwrap_or(0);
@@ -175,8 +207,13 @@ impl Drain {
             }
             if left.packets > 0 || rli.packets > 0 || unsettled > 0 {
                 let mut interpolated = rli.figures();
-                if unsettled as f64 > MAX_UNSETTLED * (rli.packets + unsettled) as f64 {
-                    interpolated = Figures { packets: rli.packets, withheld: Some("unsettled"), ..Figures::default() };
+                let withheld = match interpolated.mean_ns {
+                    _ if unsettled as f64 > MAX_UNSETTLED * (rli.packets + unsettled) as f64 => Some("unsettled"),
+                    Some(mean) if widened > 0 && !widened_within(widened, rli.packets, mean, spread) => Some("widened"),
+                    _ => None,
+                };
+                if withheld.is_some() {
+                    interpolated = Figures { packets: rli.packets, withheld, ..Figures::default() };
                 }
                 out.figures.push(FlowFigures { key, rli: interpolated, left: left.figures(), unsettled, widened });
             }
@@ -184,6 +221,44 @@ impl Drain {
         self.previous = previous;
         out
     }
+}
+
+/// The spread (largest less smallest) of an interval's reference delays, if it has any.
+fn spread(delays: &[f64]) -> Option<f64> {
+    let (lo, hi) = delays.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &d| (lo.min(d), hi.max(d)));
+    (!delays.is_empty()).then_some(hi - lo)
+}
+
+/// What bounds a widened packet's error: the largest spread of the reference delays over a run
+/// of references that waited for their delays at once (each arriving before the one before it
+/// was known; a flow's groups widen only then), the reference before the run and the one after
+/// it included, as a widened span's ends. `None`: no references waited together.
+fn widened_spread(arrivals: &mut [Arrival]) -> Option<f64> {
+    arrivals.sort_unstable_by_key(|a| a.at_ns);
+    let mut widest: Option<f64> = None;
+    let mut start = 0;
+    while start < arrivals.len() {
+        let (mut end, mut known) = (start + 1, arrivals[start].known_ns);
+        while end < arrivals.len() && arrivals[end].at_ns < known {
+            known = known.max(arrivals[end].known_ns);
+            end += 1;
+        }
+        if end - start >= 2 {
+            let span = &arrivals[start.saturating_sub(1)..(end + 1).min(arrivals.len())];
+            let delays: Vec<f64> = span.iter().filter_map(|a| a.delay).collect();
+            if let Some(s) = spread(&delays) {
+                widest = Some(widest.map_or(s, |w| w.max(s)));
+            }
+        }
+        start = end;
+    }
+    widest
+}
+
+/// Whether `widened` of a flow's `packets`, its mean `mean` ns, could have moved the mean by at
+/// most [`MAX_WIDENED_ERROR`] of it, each off by at most `spread`.
+fn widened_within(widened: u64, packets: u64, mean: f64, spread: Option<f64>) -> bool {
+    spread.is_some_and(|spread| widened as f64 * spread <= MAX_WIDENED_ERROR * mean.abs() * packets as f64)
 }
 
 /// What `now` gained over `was`: the whole of it if the counter started again (its flow was
@@ -243,6 +318,14 @@ impl Merge {
 mod tests {
     use super::*;
 
+    /// Two references 64 µs apart, their delays 1000 and 3000 ns.
+    const REFS: [Reference; 2] =
+        [Reference { seq: 1, at_ns: 0, delay_ns: 1000 }, Reference { seq: 2, at_ns: 64_000, delay_ns: 3000 }];
+
+    fn newest(n: u64) -> Option<Reference> {
+        REFS.iter().copied().find(|r| r.seq == n)
+    }
+
     fn key(port: u16) -> FlowKey {
         FlowKey { sport: port, dport: 80, proto: 6, family: 4, ..Default::default() }
     }
@@ -254,9 +337,7 @@ mod tests {
     /// in a walk counts once; what a table held before the first read counts nowhere.
     #[test]
     fn each_interval_counts_what_it_gained_once() {
-        let refs =
-            [Reference { seq: 1, at_ns: 0, delay_ns: 1000 }, Reference { seq: 2, at_ns: 64_000, delay_ns: 3000 }];
-        let newest = |n: u64| refs.iter().copied().find(|r| r.seq == n);
+        let refs = REFS;
         // Two packets a quarter and three quarters of the way: 1500 and 2500 ns; on another
         // CPU one half-way, 2000 ns.
         let mut flow = RliFlow::default();
@@ -267,14 +348,14 @@ mod tests {
         let table = |a: RliFlow, b: RliFlow| vec![(key(1), vec![a, b]), (key(1), vec![a, b])];
         let mut drain = Drain::default();
         // Only the first reference has come: RLI-L counts, RLI waits; counted once.
-        let first = drain.read(table(flow, other), &refs[..1], false).figures;
+        let first = drain.read(table(flow, other), &refs[..1], false, None).figures;
         assert_eq!(first.len(), 1);
         assert_eq!((first[0].left.packets, first[0].left.mean_ns, first[0].rli.packets), (3, Some(1000.0), 0));
         // Unchanged, but the reference after them is yet to come: nothing, kept.
-        let waiting = drain.read(table(flow, other), &refs[..1], false);
+        let waiting = drain.read(table(flow, other), &refs[..1], false, None);
         assert_eq!((waiting.figures.len(), waiting.ended.len()), (0, 0));
         // It has come: the three settle here, once, and the flow is let go of.
-        let ended = drain.read(table(flow, other), &refs, false);
+        let ended = drain.read(table(flow, other), &refs, false, None);
         let rli = ended.figures[0].rli;
         assert_eq!((rli.packets, ended.figures[0].left.packets, ended.ended.len()), (3, 0, 1));
         assert!((rli.mean_ns.unwrap() - 2000.0).abs() < 1.0, "{rli:?}");
@@ -285,20 +366,75 @@ mod tests {
         drain.baseline(table(flow, other));
         let (mut moved, stayed) = (flow, other);
         moved.on_packet(70_000, newest(2), newest);
-        let read = drain.read(table(moved, stayed), &refs, false);
+        let read = drain.read(table(moved, stayed), &refs, false, None);
         assert_eq!(read.ended.len(), 0);
         assert_eq!((read.figures[0].rli.packets, read.figures[0].left.packets), (2, 1));
         // Nothing of what the baseline held counted.
-        assert_eq!(drain.read(table(moved, stayed), &refs, false).figures.len(), 0);
+        assert_eq!(drain.read(table(moved, stayed), &refs, false, None).figures.len(), 0);
 
         // An ended flow whose references the ring no longer holds: its waiting packets count
         // as unsettled, once (and withhold RLI's figure), and the flow is let go of.
         let mut drain = Drain::default();
         drain.baseline(table(flow, other));
-        let gone = drain.read(table(flow, other), &[], false);
+        let gone = drain.read(table(flow, other), &[], false, None);
         assert_eq!(
             (gone.figures[0].unsettled, gone.figures[0].rli.withheld, gone.ended.len()),
             (3, Some("unsettled"), 1)
         );
+    }
+
+    /// A flow some of whose packets were interpolated over widened spans keeps its figure only
+    /// while they could not have moved its mean by more than `MAX_WIDENED_ERROR`: their share
+    /// times the spread of the interval's reference delays, against the mean.
+    #[test]
+    fn widened_packets_withhold_a_figure_they_could_move() {
+        let refs = REFS;
+        let mut flow = RliFlow::default();
+        for at in (0..100).map(|i| 640 * i) {
+            flow.on_packet(at, newest(1), newest);
+        }
+        flow.on_packet(64_000, newest(2), newest);
+        flow.widened = 1;
+        let read = |spread| {
+            let mut drain = Drain::default();
+            drain.read(vec![(key(1), vec![flow])], &refs, false, spread).figures[0].rli
+        };
+        // 100 packets interpolated, mean 1990 ns: the widened one may be off by 2 % of the
+        // mean times 100, 3980 ns.
+        let exact = read(Some(0.0));
+        assert_eq!(exact.packets, 100);
+        let limit = MAX_WIDENED_ERROR * exact.mean_ns.unwrap() * 100.0;
+        assert!((limit - 3980.0).abs() < 1.0, "{exact:?}");
+        assert_eq!(read(Some(limit * 0.999)), exact);
+        assert_eq!(
+            read(Some(limit * 1.001)),
+            Figures { packets: 100, withheld: Some("widened"), ..Figures::default() }
+        );
+        // No reference delay known in the interval: nothing bounds them.
+        assert_eq!(read(None).withheld, Some("widened"));
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(spread(&[]), None);
+    }
+
+    /// The spread that bounds widened packets is over the references that waited for their
+    /// delays together, with the one before and the one after them: not the interval's.
+    #[test]
+    fn widened_spans_are_bounded_by_the_references_that_waited_together() {
+        let a = |at_ns, known_ns, delay: f64| Arrival { at_ns, known_ns, delay: Some(delay) };
+        // Each known on arrival (injected): none waited together.
+        let mut injected = [a(0, 0, 1.0), a(10, 10, 50.0), a(20, 20, 3.0)];
+        assert_eq!(widened_spread(&mut injected), None);
+        // 30 and 40 arrive while 20 waits: 10 … 50 (delays 4, 6, 9, 12, 13); 0 and 60 are
+        // further off, and their delays (100, 0) count nowhere.
+        let mut sampled = [
+            a(60, 61, 0.0),
+            a(0, 1, 100.0),
+            a(10, 11, 4.0),
+            a(20, 45, 6.0),
+            a(30, 35, 9.0),
+            a(40, 41, 12.0),
+            a(50, 51, 13.0),
+        ];
+        assert_eq!(widened_spread(&mut sampled), Some(9.0));
     }
 }

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::Context;
 use pirate_common::{counters, rli::reference::seal};
-use tokio::{sync::mpsc, task::JoinHandle as TaskHandle, time::MissedTickBehavior};
+use tokio::{sync::mpsc, task::JoinHandle as TaskHandle};
 use tracing::{info, warn};
 
 use super::{
@@ -28,7 +28,12 @@ use super::{
     report,
     sampled::{Matcher, Outcomes},
 };
-use crate::{clock, datapath::rli::RliMaps, json::Lines, psk::Psk};
+use crate::{
+    background, clock,
+    datapath::{ring, rli::RliMaps},
+    json::Lines,
+    psk::Psk,
+};
 
 /// What the references' tags are keyed with: 128 bits derived from the segment key for this
 /// purpose alone.
@@ -147,20 +152,23 @@ pub fn prioritise(nice: i32) {
     }
 }
 
-/// How often sampled packets' times are handed on: the upstream point's, to the peer channel;
-/// the downstream point's references, to the matcher. Their delays are pending meanwhile, and
-/// with them the packets around them (a few groups a flow: see `pirate_common::rli::flow`).
-const SAMPLED_EVERY: Duration = Duration::from_millis(1);
-
-/// Starts the upstream point's task with sampled references: every `SAMPLED_EVERY`, the times
-/// of the packets its datapath sampled go to `send` (the peer channel; dropped while it is
-/// full or away, and the downstream point voids their references).
+/// Starts the upstream point's task with sampled references: as its datapath samples packets,
+/// their times go to `send` (the peer channel; dropped while it is full or away, and the
+/// downstream point voids their references). The task wakes when the ring has something (the
+/// kernel wakes a reader that has caught up, so under load it takes them in batches): a time
+/// waiting for a tick would keep the references' delays, and the packets around them, pending.
 pub fn spawn_upstream(mut maps: RliMaps, send: mpsc::Sender<Vec<(u64, u64)>>) -> TaskHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SAMPLED_EVERY);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // SAFETY: the ring's descriptor belongs to `maps`, which this task owns.
+        let ready = match unsafe { ring::watch(maps.taken_fd(), "RLI's sampled packets") } {
+            Ok(ready) => ready,
+            Err(e) => return warn!("rli: {e:#}"),
+        };
         loop {
-            tick.tick().await;
+            match ready.readable().await {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(e) => return warn!("rli: watching the sampled packets: {e}"),
+            }
             let mut times = Vec::new();
             maps.drain_taken(|t| times.push((t.id, t.tai_ns)));
             if !times.is_empty() && send.try_send(times).is_err() && send.is_closed() {
@@ -170,10 +178,15 @@ pub fn spawn_upstream(mut maps: RliMaps, send: mpsc::Sender<Vec<(u64, u64)>>) ->
     })
 }
 
+/// How often the downstream point's task hands the references taken over when nothing wakes it
+/// sooner, and expires sampled references whose upstream time is late.
+const TAKEN_EVERY: Duration = Duration::from_millis(100);
+
 /// Starts the downstream point's task: every interval of `interval_ns` on the shared clock, a
 /// `segment_references` line and a `segment_flow` line per flow with packets in it, and the
 /// interval's metrics. With sampled references, `times` brings the upstream point's times of
-/// them, matched every `SAMPLED_EVERY` and written into the datapath's ring.
+/// them, each matched as soon as both it and its reference are in (the task wakes for either)
+/// and its delay written into the datapath's ring.
 pub fn spawn_downstream(
     mut maps: RliMaps,
     rli: &RliConfig,
@@ -183,10 +196,16 @@ pub fn spawn_downstream(
     lines: Option<Lines>,
 ) -> TaskHandle<()> {
     let mut matcher = Matcher::new(rli.max_delay.as_nanos());
-    // The references taken are handed over as they come (their ring holds seconds of them, an
-    // interval may last an hour); sampled ones wait for their delay meanwhile.
-    let every = if times.is_some() { SAMPLED_EVERY } else { Duration::from_millis(100) };
+    let sampled = times.is_some();
     tokio::spawn(async move {
+        // The references taken are handed over as they come (their ring holds seconds of them,
+        // an interval may last an hour): injected ones every `TAKEN_EVERY`, sampled ones, which
+        // wait for their delay meanwhile, as the ring has them.
+        // SAFETY: the ring's descriptor belongs to `maps`, which this task owns.
+        let ready = match sampled.then(|| unsafe { ring::watch(maps.taken_fd(), "RLI's references taken") }) {
+            Some(Err(e)) => return warn!("rli: {e:#}"),
+            ready => ready.and_then(Result::ok),
+        };
         let mut intervals = Intervals::new(interval_ns);
         // What the table holds now (a previous pirated's) belongs to no interval of ours.
         match maps.flows() {
@@ -202,7 +221,8 @@ pub fn spawn_downstream(
             while clock::now() < intervals.due(next) {
                 let wait = Duration::from_nanos(intervals.due(next).saturating_sub(clock::now()));
                 tokio::select! {
-                    () = tokio::time::sleep(wait.min(every)) => {}
+                    () = tokio::time::sleep(wait.min(TAKEN_EVERY)) => {}
+                    Some(()) = async { ready.as_ref()?.readable().await.ok()?.clear_ready(); Some(()) } => {}
                     Some(batch) = async { times.as_mut()?.recv().await } => {
                         for (id, tai_ns) in batch {
                             matcher.upstream(id, tai_ns, &mut resolved);
@@ -210,7 +230,7 @@ pub fn spawn_downstream(
                     }
                 }
                 maps.drain_taken(|t| match t.id {
-                    0 => intervals.taken(t),
+                    0 => intervals.taken(t, t.tai_ns),
                     _ => matcher.downstream(t, &mut resolved),
                 });
                 matcher.expire(clock::now(), &mut resolved);
@@ -218,21 +238,23 @@ pub fn spawn_downstream(
                     if let Err(e) = maps.resolve(t.reference) {
                         warn!("rli: {e:#}");
                     }
-                    intervals.taken(t);
+                    intervals.taken(t, clock::now());
                 }
             }
             // The table's walk takes a while with many flows: other tasks go on meanwhile.
             let closed = tokio::task::block_in_place(|| {
-                let table = match maps.flows().and_then(|f| Ok((maps.references(&f)?, f))) {
-                    Ok((refs, flows)) => Some((flows, refs)),
-                    Err(e) => {
-                        warn!("rli: reading the flows: {e:#}");
-                        None
-                    }
-                };
-                let closed = intervals.close(next, table, false);
-                maps.remove(&closed.ended);
-                closed
+                background::run(|| {
+                    let table = match maps.flows().and_then(|f| Ok((maps.references(&f)?, f))) {
+                        Ok((refs, flows)) => Some((flows, refs)),
+                        Err(e) => {
+                            warn!("rli: reading the flows: {e:#}");
+                            None
+                        }
+                    };
+                    let closed = intervals.close(next, table, false);
+                    maps.remove(&closed.ended);
+                    closed
+                })
             });
             let now = maps.counters.read().unwrap_or(counted);
             let delta = std::array::from_fn(|i| now[i].saturating_sub(counted[i]));

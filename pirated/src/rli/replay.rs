@@ -227,7 +227,7 @@ impl Replay {
         for t in self.refs.taken.drain(..) {
             match &mut self.upstream {
                 Some((_, matcher)) if t.id != 0 => matcher.downstream(t, &mut self.resolved),
-                _ => self.intervals.taken(t),
+                _ => self.intervals.taken(t, tai_ns),
             }
         }
         // Sampled references' delays, into their slots as the live point writes them.
@@ -235,7 +235,7 @@ impl Replay {
             if self.refs.get(t.reference.seq).is_some() {
                 self.refs.put(t.reference);
             }
-            self.intervals.taken(t);
+            self.intervals.taken(t, tai_ns);
         }
         *self.verdicts.entry(name(verdict)).or_default() += 1;
         Ok(matches!(verdict, Verdict::Regular | Verdict::Sampled | Verdict::SampledLost))

@@ -28,7 +28,7 @@ use super::{
     wire::{Message, Record},
 };
 use crate::{
-    clock,
+    background, clock,
     datapath::{Capability, Datapath},
     json::Lines,
 };
@@ -194,8 +194,8 @@ impl State {
                 () = tokio::time::sleep(wait) => {
                     self.drain_cache();
                     // Reading the banks and reconciling take a while: the other tasks (the
-                    // relayed times among them) go on on another thread meanwhile.
-                    tokio::task::block_in_place(|| self.close(next))?;
+                    // relayed times among them) go on on other threads meanwhile, ahead of it.
+                    tokio::task::block_in_place(|| background::run(|| self.close(next)))?;
                     next += 1;
                 }
                 guard = cache_ready.readable() => {

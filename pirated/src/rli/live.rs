@@ -206,7 +206,7 @@ pub fn spawn_downstream(
             Some(Err(e)) => return warn!("rli: {e:#}"),
             ready => ready.and_then(Result::ok),
         };
-        let mut intervals = Intervals::new(interval_ns);
+        let mut intervals = Intervals::new(interval_ns, sampled);
         // What the table holds now (a previous pirated's) belongs to no interval of ours.
         match maps.flows() {
             Ok(flows) => intervals.baseline(flows),

@@ -194,7 +194,7 @@ impl Replay {
             upstream: None,
             resolved: Vec::new(),
             table: Table { max_flows: config.max_flows as usize, ..Table::default() },
-            intervals: Intervals::new(interval_ns),
+            intervals: Intervals::new(interval_ns, config.sampled()),
             next: None,
             verdicts: HashMap::new(),
         }

@@ -65,6 +65,10 @@ fn median_p90(errors: &[f64]) -> (f64, f64) {
 
 /// A median / p90 pair as percentages, for the tables.
 fn pct(x: (f64, f64)) -> String {
+    if x.0.is_nan() {
+        // No figure (RLI-L with sampled references is withheld).
+        return format!("{:>15}", "—");
+    }
     format!("{:6.2} / {:6.2}", x.0 * 100.0, x.1 * 100.0)
 }
 

@@ -4,7 +4,7 @@
 //! number), and a flow's figures merged over its `segment_flow` lines.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::UdpSocket,
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -111,15 +111,33 @@ pub fn moments(x: &[f64]) -> (f64, f64) {
     (mean, (x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / x.len() as f64).sqrt())
 }
 
-/// A flow's `segment_flow` lines merged over a run (the flow from the sender's port `ports.0` to
-/// the receiver's `ports.1`), for `estimator` ("rli" or "rli_l"): packets, mean and standard
-/// deviation, over the lines with figures.
-pub fn merged(lines: &[Value], ports: Ports, estimator: &str) -> (u64, f64, f64) {
+/// The `segment_flow` lines of the flow `ports` (the sender's port `ports.0` to the receiver's
+/// `ports.1`) among `lines`.
+pub fn flow_lines(lines: &[Value], ports: Ports) -> impl Iterator<Item = &Value> {
     let (client, server) = (format!("{SENDER_IP}:{}", ports.0), format!("{RECEIVER_IP}:{}", ports.1));
+    lines.iter().filter(move |l| {
+        l["type"] == "segment_flow" && l["client"] == client.as_str() && l["server"] == server.as_str()
+    })
+}
+
+/// The captures' delays of the flow's packets but those of the intervals where `estimator`'s
+/// figure for it is withheld among `lines`: what [`merged`] reads, and is judged against. (The
+/// packets still waiting for a reference at an interval's end count in the next; an interval
+/// with none interpolated yet withholds nothing.)
+pub fn behind(truth: &Truth, lines: &[Value], ports: Ports, estimator: &str) -> Vec<f64> {
+    let withheld: HashSet<i64> = flow_lines(lines, ports)
+        .filter(|l| l[estimator]["withheld"].is_string())
+        .filter_map(|l| l["interval"].as_i64())
+        .collect();
+    let intervals = truth.flow_intervals.range((ports, i64::MIN)..=(ports, i64::MAX));
+    intervals.filter(|((_, i), _)| !withheld.contains(i)).flat_map(|(_, d)| d.iter().copied()).collect()
+}
+
+/// A flow's `segment_flow` lines merged over a run, for `estimator` ("rli" or "rli_l"):
+/// packets, mean and standard deviation, over the lines with figures.
+pub fn merged(lines: &[Value], ports: Ports, estimator: &str) -> (u64, f64, f64) {
     let (mut n, mut sum, mut sq) = (0u64, 0.0, 0.0);
-    let of_flow =
-        |l: &&Value| l["type"] == "segment_flow" && l["client"] == client.as_str() && l["server"] == server.as_str();
-    for l in lines.iter().filter(of_flow) {
+    for l in flow_lines(lines, ports) {
         let e = &l[estimator];
         // Withheld figures (their packets too few to say, or too many left out) count nowhere.
         let (Some(k), Some(mean)) = (e["packets"].as_u64().filter(|&k| k > 0), e["mean_ns"].as_f64()) else {

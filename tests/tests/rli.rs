@@ -261,19 +261,6 @@ fn published_live(replayed: &[Value], live: &[Value]) -> Vec<Value> {
     replayed.iter().filter(|l| published.contains(&key(l))).cloned().collect()
 }
 
-/// The `segment_flow` lines of the flow `ports` among `lines`.
-fn flow_lines(lines: &[Value], ports: rli::Ports) -> impl Iterator<Item = &Value> {
-    let (client, server) = (format!("{SENDER_IP}:{}", ports.0), format!("{RECEIVER_IP}:{}", ports.1));
-    lines.iter().filter(move |l| {
-        l["type"] == "segment_flow" && l["client"] == client.as_str() && l["server"] == server.as_str()
-    })
-}
-
-/// Whether the flow `ports` has an RLI figure in `interval` among `lines`.
-fn has_figure(lines: &[Value], ports: rli::Ports, interval: i64) -> bool {
-    flow_lines(lines, ports).any(|l| l["interval"].as_i64() == Some(interval) && l["rli"]["mean_ns"].is_number())
-}
-
 /// A point's configuration for the live tests.
 fn live_config(role: &str, extra: &str, target: &str) -> Result<String> {
     rli::config(role, extra, target, LIVE_RLI)
@@ -464,7 +451,8 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
 
     let truth_of =
         |ports| -> Result<Truth> { Ok(Truth::of(read_all(captures[0].path())?, read_all(captures[1].path())?, ports)) };
-    let Truth { flows: truth, mut intervals, flow_intervals, .. } = truth_of(FLOW_PORT..FLOW_PORT + FLOWS)?;
+    let captured = truth_of(FLOW_PORT..FLOW_PORT + FLOWS)?;
+    let (truth, mut intervals) = (&captured.flows, captured.intervals.clone());
     if seg.sampled {
         // Sampled references are packets: the delays the packets saw, the cross traffic's
         // bursts included (injected ones, like the probes, see the queue evenly over time).
@@ -522,13 +510,9 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         "{widened} of {interpolated} packets interpolated over widened spans; {withheld} flows' intervals withheld"
     );
     ensure!(seg.sampled || widened == 0, "{widened} packets widened with injected references");
-    for (&ports, delays) in &truth {
+    for (&ports, delays) in truth {
         // RLI against the flow's packets in the intervals it has a figure for.
-        let published: Vec<f64> = flow_intervals
-            .iter()
-            .filter(|((p, interval), _)| *p == ports && has_figure(&lines, ports, *interval))
-            .flat_map(|(_, d)| d.iter().copied())
-            .collect();
+        let published = rli::behind(&captured, &lines, ports, "rli");
         let (mean, std) = moments(&published);
         let (mean_l, std_l) = moments(delays);
         let (n, rli_mean, rli_std) = merged(&lines, ports, "rli");
@@ -562,8 +546,9 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         // rli"). The left reference alone reads high with them (they are packets, dense in the
         // bursts that fill the queue): RLI-L is withheld, its packets counted.
         if seg.sampled {
-            let counted: u64 = flow_lines(&lines, ports).map(|l| l["rli_l"]["packets"].as_u64().unwrap_or(0)).sum();
-            let withheld = flow_lines(&lines, ports).all(|l| l["rli_l"]["withheld"] == LEFT_SAMPLED);
+            let counted: u64 =
+                rli::flow_lines(&lines, ports).map(|l| l["rli_l"]["packets"].as_u64().unwrap_or(0)).sum();
+            let withheld = rli::flow_lines(&lines, ports).all(|l| l["rli_l"]["withheld"] == LEFT_SAMPLED);
             ensure!(
                 withheld && counted as usize == delays.len(),
                 "RLI-L: {counted} of {} packets, withheld",

@@ -199,18 +199,24 @@ fn stamps(up: &[(u64, Vec<u8>)], leaving: &[(u64, Vec<u8>)]) -> (f64, f64) {
 }
 
 /// Per flow of `min..max` packets, the relative error of the mean (signed) and the std-dev
-/// (absolute), for the figures `of` gives it (packets, mean, std-dev).
-fn errors(truth: &Truth, min: usize, max: usize, of: impl Fn(Ports) -> (u64, f64, f64)) -> (Vec<f64>, Vec<f64>) {
+/// (absolute), for the figures `of` gives it (packets, mean, std-dev) against the delays of its
+/// packets they stand for (those of the intervals with a figure, live).
+fn errors(
+    truth: &Truth,
+    min: usize,
+    max: usize,
+    of: impl Fn(Ports) -> ((u64, f64, f64), Vec<f64>),
+) -> (Vec<f64>, Vec<f64>) {
     let (mut means, mut stds) = (Vec::new(), Vec::new());
     for (&ports, delays) in &truth.flows {
         if !(min..max).contains(&delays.len()) {
             continue;
         }
-        let (n, mean, std) = of(ports);
+        let ((n, mean, std), behind) = of(ports);
         if n == 0 {
             continue;
         }
-        let (t_mean, t_std) = rli::moments(delays);
+        let (t_mean, t_std) = rli::moments(&behind);
         means.push((mean - t_mean) / t_mean);
         if t_std > 0.0 {
             stds.push(((std - t_std) / t_std).abs());
@@ -349,12 +355,14 @@ const CLEAN: &str = "delay=1ms";
 fn row(scheme: &Scheme, flows: &[(u16, Duration, u64)]) -> Result<String> {
     let r = run(scheme, flows)?;
     let lines = &r.lines;
-    let live = |est: &'static str| move |p: Ports| merged(lines, p, est);
+    let truth = &r.truth;
+    let live = |est: &'static str| move |p: Ports| (merged(lines, p, est), rli::behind(truth, lines, p, est));
     let (rli_m, rli_s) = errors(&r.truth, 100, usize::MAX, live("rli"));
     let (left_m, _) = errors(&r.truth, 100, usize::MAX, live("rli_l"));
     let (small, _) = errors(&r.truth, 10, 100, live("rli"));
     let sampled = sampled(&r, r.references);
-    let (sampled_m, _) = errors(&r.truth, 100, usize::MAX, |p| sampled.get(&p).copied().unwrap_or_default());
+    let all = |p: Ports| truth.flows.get(&p).cloned().unwrap_or_default();
+    let (sampled_m, _) = errors(&r.truth, 100, usize::MAX, |p| (sampled.get(&p).copied().unwrap_or_default(), all(p)));
     let p99 = p99_errors(&r);
     let worst = p99.iter().copied().map(f64::abs).fold(f64::NAN, f64::max);
     Ok(format!(

@@ -13,6 +13,7 @@ use pirate_tests::{
     clients::{h2load, redis_benchmark, wrk, ClientLatency},
     grpc,
     linkem::{EmuLink, LinkSpec},
+    quic,
     servers::{nginx, nginx_h2, nginx_h2_proxy, redis, think_time_http, WEB_FILES},
     testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
@@ -24,9 +25,13 @@ const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 /// Where `think_time_http` listens, on its own or behind nginx.
 const THINK_TIME_PORT: u16 = 8080;
 const GRPC_PORT: u16 = 50051;
-/// The service times of the multiplexed rows (HTTP/2 behind a proxy, gRPC), ms: each row's
-/// server takes one of them per request, on top of the return path's delay.
-const SERVICE_MS: [u64; 2] = [2, 10];
+const QUIC_PORT: u16 = 443;
+/// The service times of the multiplexed rows (HTTP/2 behind a proxy, gRPC, HTTP/3), ms: each
+/// row's server takes one of them per request, on top of the return path's delay.
+const SERVICE_MS: [u64; 3] = [2, 5, 20];
+/// The return path's delays of the multiplexed rows, µs: none (a plain veth, a round trip of
+/// tens of µs: the data centre, service time dominant), 0.2, 1 and 5 ms.
+const RETURN_US: [Option<u64>; 4] = [None, Some(200), Some(1000), Some(5000)];
 
 #[derive(Clone, Copy)]
 enum Server {
@@ -45,6 +50,10 @@ enum Server {
     ThinkTime(&'static [(u64, f64)]),
     /// The gRPC server, `service_ms` per call.
     Grpc {
+        service_ms: u64,
+    },
+    /// The QUIC (HTTP/3-like, aioquic) server, `service_ms` per request.
+    Quic {
         service_ms: u64,
     },
 }
@@ -70,6 +79,10 @@ enum Client {
     Grpc {
         in_flight: u32,
     },
+    /// The QUIC client, `in_flight` requests at a time on one connection.
+    Quic {
+        in_flight: u32,
+    },
 }
 
 pub struct Case {
@@ -77,7 +90,7 @@ pub struct Case {
     server: Server,
     client: Client,
     /// Added on the return path (server→client); none: a plain veth, no emulator.
-    return_delay_ms: Option<u64>,
+    return_delay: Option<Duration>,
     /// Impairments client→vp, before pirated sees the packets.
     client_side: Option<&'static str>,
     /// Impairments vp→server, after pirated saw the packets.
@@ -104,11 +117,11 @@ pub struct Outcome {
 pub fn all() -> Vec<Case> {
     let nginx = Server::Nginx { http2: false };
     let one = Client::Web { conns: 1, web_like: false };
-    let case = |name: String, server, client, delay: Option<u64>| Case {
+    let case = |name: String, server, client, delay_ms: Option<u64>| Case {
         name,
         server,
         client,
-        return_delay_ms: delay,
+        return_delay: delay_ms.map(Duration::from_millis),
         client_side: None,
         server_side: None,
         ipv6: false,
@@ -127,20 +140,7 @@ pub fn all() -> Vec<Case> {
         let name = format!("h2c 1 conn × {streams} streams, 5 ms, h2load");
         cases.push(case(name, Server::Nginx { http2: true }, Client::H2load { streams }, Some(5)));
     }
-    for (tls, proto) in [(false, "h2c"), (true, "h2-TLS")] {
-        for streams in [4, 16, 100] {
-            for service_ms in SERVICE_MS {
-                let name = format!("{proto} 1 conn × {streams} streams, 5 ms + {service_ms} ms service, h2load");
-                cases.push(case(name, Server::H2Proxy { tls, service_ms }, Client::H2load { streams }, Some(5)));
-            }
-        }
-    }
-    for in_flight in [16, 100] {
-        for service_ms in SERVICE_MS {
-            let name = format!("gRPC 1 conn × {in_flight} unary in flight, 5 ms + {service_ms} ms service, grpcio");
-            cases.push(case(name, Server::Grpc { service_ms }, Client::Grpc { in_flight }, Some(5)));
-        }
-    }
+    cases.extend(multiplexed());
     for pipeline in [4, 16] {
         let name = format!("redis -P {pipeline}, 5 ms, redis-benchmark");
         cases.push(case(name, Server::Redis, Client::RedisBenchmark { pipeline }, Some(5)));
@@ -170,13 +170,72 @@ pub fn all() -> Vec<Case> {
     cases
 }
 
+/// The multiplexed rows: HTTP/2 (h2c and over TLS, h2load), gRPC (grpcio) and HTTP/3-like
+/// requests over QUIC (aioquic), by requests in flight on one connection, return path and
+/// service time.
+fn multiplexed() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut push = |what: String, server, client, return_us: Option<u64>, service_ms: u64, tool: &str| {
+        let rtt = return_us.map_or("0".into(), |us| format!("{}", us as f64 / 1000.0));
+        cases.push(Case {
+            name: format!("{what}, {rtt} ms + {service_ms} ms service, {tool}"),
+            server,
+            client,
+            return_delay: return_us.map(Duration::from_micros),
+            client_side: None,
+            server_side: None,
+            ipv6: false,
+        });
+    };
+    for return_us in RETURN_US {
+        for service_ms in SERVICE_MS {
+            for (tls, proto) in [(false, "h2c"), (true, "h2-TLS")] {
+                for streams in [1, 2, 4, 8, 16, 100] {
+                    let (server, client) = (Server::H2Proxy { tls, service_ms }, Client::H2load { streams });
+                    push(
+                        format!("{proto} 1 conn × {streams} streams"),
+                        server,
+                        client,
+                        return_us,
+                        service_ms,
+                        "h2load",
+                    );
+                }
+            }
+            for in_flight in [1, 2, 8, 16, 64] {
+                let (server, client) = (Server::Grpc { service_ms }, Client::Grpc { in_flight });
+                push(
+                    format!("gRPC 1 conn × {in_flight} unary in flight"),
+                    server,
+                    client,
+                    return_us,
+                    service_ms,
+                    "grpcio",
+                );
+            }
+            for in_flight in [1, 4] {
+                let (server, client) = (Server::Quic { service_ms }, Client::Quic { in_flight });
+                push(
+                    format!("HTTP/3 1 conn × {in_flight} in flight"),
+                    server,
+                    client,
+                    return_us,
+                    service_ms,
+                    "aioquic",
+                );
+            }
+        }
+    }
+    cases
+}
+
 impl Case {
     /// Builds the testbed, starts the server, the emulators and pirated, drives the client for
     /// `secs` seconds and stops pirated (run with `config`'s extra lines of TOML); keeps the
     /// vantage point's capture of the client side's packets at `pcap`.
     pub fn run(&self, secs: u64, config: &str, pcap: Option<&Path>) -> Result<Outcome> {
         let tb = OnePoint::with(Links {
-            return_path: self.return_delay_ms.is_some(),
+            return_path: self.return_delay.is_some(),
             client_side: self.client_side.is_some(),
             server_side: self.server_side.is_some(),
             span: false,
@@ -187,6 +246,7 @@ impl Case {
             Server::Redis => 6379,
             Server::ThinkTime(_) => THINK_TIME_PORT,
             Server::Grpc { .. } => GRPC_PORT,
+            Server::Quic { .. } => QUIC_PORT,
         };
         let ip: IpAddr = if self.ipv6 { SERVER_IP6 } else { SERVER_IP }.parse()?;
         let addr = SocketAddr::new(ip, port);
@@ -204,12 +264,11 @@ impl Case {
                 None
             }
             Server::Grpc { service_ms } => Some(grpc::server(&tb.server, port, Duration::from_millis(service_ms))?),
+            Server::Quic { service_ms } => Some(quic::server(&tb.server, addr, Duration::from_millis(service_ms))?),
         };
         // Emulators run until dropped, after pirated has stopped.
-        let _return = match (self.return_delay_ms, &tb.return_path) {
-            (Some(ms), Some(link)) => {
-                Some(link.start(&LinkSpec::delay(Duration::from_millis(ms)), &LinkSpec::default(), 7)?)
-            }
+        let _return = match (self.return_delay, &tb.return_path) {
+            (Some(delay), Some(link)) => Some(link.start(&LinkSpec::delay(delay), &LinkSpec::default(), 7)?),
             _ => None,
         };
         let side = |spec: Option<&str>, link: &Option<EmuLink>, seed| match (spec, link) {
@@ -231,11 +290,12 @@ impl Case {
             }
             Client::RedisBenchmark { pipeline } => {
                 // About `secs` of traffic: one pipeline per response delay.
-                let batches = secs * 1000 / self.return_delay_ms.unwrap_or(1).max(1);
+                let batches = secs * 1000 / self.return_delay.map_or(1, |d| d.as_millis() as u64).max(1);
                 redis_benchmark(&tb.client, &ip.to_string(), 1, (batches * pipeline as u64) as u32, pipeline)?.into()
             }
             Client::Wrk { conns } => wrk(&tb.client, &format!("http://{addr}/small"), conns, duration)?.into(),
             Client::Grpc { in_flight } => grpc::client(&tb.client, addr, in_flight, duration)?.into(),
+            Client::Quic { in_flight } => quic::client(&tb.client, addr, in_flight, duration)?.into(),
         };
         let lines = pirated.stop()?;
         if let (Some(capture), Some(to)) = (capture.as_mut(), pcap) {

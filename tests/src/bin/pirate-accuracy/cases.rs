@@ -18,6 +18,7 @@ use pirate_tests::{
     testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
 };
+use pirated::capture::read_all;
 use serde_json::Value;
 
 /// The quantiles the web client's truth and pirated both report.
@@ -107,11 +108,13 @@ pub struct Truth {
 }
 
 /// A finished run: the truth, pirated's JSON lines, and the server (addr:port as pirated prints
-/// it) to read them for.
+/// it) to read them for; with a capture kept, the cycle of the busiest connection's requests
+/// (seconds, [`cycle`](crate::cycle)).
 pub struct Outcome {
     pub truth: Truth,
     pub lines: Vec<Value>,
     pub server: String,
+    pub cycle: Option<f64>,
 }
 
 pub fn all() -> Vec<Case> {
@@ -298,11 +301,13 @@ impl Case {
             Client::Quic { in_flight } => quic::client(&tb.client, addr, in_flight, duration)?.into(),
         };
         let lines = pirated.stop()?;
+        let mut cycle = None;
         if let (Some(capture), Some(to)) = (capture.as_mut(), pcap) {
             capture.stop()?;
             std::fs::copy(capture.path(), to).with_context(|| format!("keeping the capture as {}", to.display()))?;
+            cycle = crate::cycle::of(&read_all(to)?, addr).map(|ns| ns * 1e-9);
         }
-        Ok(Outcome { truth, lines, server: addr.to_string() })
+        Ok(Outcome { truth, lines, server: addr.to_string(), cycle })
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Run {
     /// it reported for the server, over its epochs.
     pub withheld: u64,
     pub flows: u64,
+    /// The requests' cycle's error against the client's mean, where the capture was kept.
+    pub cycle: Option<f64>,
 }
 
 impl Run {
@@ -46,7 +48,8 @@ impl Run {
         let lines = || o.lines.iter().filter(|v| v["type"] == "server" && v["server"] == o.server.as_str());
         let count = |v: &Value, field| v[field].as_u64().unwrap_or(0);
         let withheld = lines().map(|v| count(v, "flows_without_figure")).sum();
-        Run { stats, withheld, flows: withheld + lines().map(|v| count(v, "flows")).sum::<u64>() }
+        let cycle = o.cycle.map(|c| (c - o.truth.mean) / o.truth.mean);
+        Run { stats, withheld, flows: withheld + lines().map(|v| count(v, "flows")).sum::<u64>(), cycle }
     }
 
     /// Whether the run reports no figure from estimator `e` for its stat `i`: it gave none, or

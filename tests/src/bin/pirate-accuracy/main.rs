@@ -6,6 +6,7 @@
 //! Needs root and pirated/pirate-linkem built next to it (the xtask builds them).
 
 mod cases;
+mod cycle;
 mod figures;
 mod table;
 

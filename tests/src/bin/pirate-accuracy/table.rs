@@ -1,7 +1,8 @@
 //! The accuracy table: per case a mean row and, where the client has its own quantiles,
 //! p50/p90/p99 rows, each with the truth and both estimators' errors, and the case's flows
 //! whose figure pirated withheld. One run a case shows each figure; several show the median
-//! error, its range and the runs that reported no figure. Markdown, padded so that it lines up
+//! error, its range and the runs that reported no figure; with the captures kept (`--pcap`),
+//! the error of their requests' cycle (research: `cycle`). Markdown, padded so that it lines up
 //! in a terminal too; failed runs' messages follow the table (they would widen its columns),
 //! and a case whose every run failed gets an `error` row.
 
@@ -12,9 +13,20 @@ use crate::{
     figures::{Run, Spread, ESTIMATORS},
 };
 
-const ONE_RUN: &[&str] = &["case", "stat", "truth", "paper", "err", "batches", "err", "no figure"];
-const RUNS: &[&str] =
-    &["case", "stat", "truth", "paper", "min … max", "runs w/o", "batches", "min … max", "runs w/o", "no figure"];
+const ONE_RUN: &[&str] = &["case", "stat", "truth", "paper", "err", "batches", "err", "no figure", "cycle err"];
+const RUNS: &[&str] = &[
+    "case",
+    "stat",
+    "truth",
+    "paper",
+    "min … max",
+    "runs w/o",
+    "batches",
+    "min … max",
+    "runs w/o",
+    "no figure",
+    "cycle err, min … max",
+];
 /// Columns that are text; the others are figures, right-aligned.
 const TEXT_COLUMNS: usize = 2;
 
@@ -70,6 +82,13 @@ impl Table {
                 }
             }
             row.push(once(format!("{withheld}/{flows} flows")));
+            // The requests' cycle (with `--pcap`), against the mean.
+            let cycles: Vec<f64> = runs.iter().filter_map(|r| r.cycle).collect();
+            row.push(match Spread::of(cycles) {
+                Some(c) if i == 0 && runs.len() == 1 => percent(c.median),
+                Some(c) if i == 0 => format!("{}, {:+.2} … {}", percent(c.median), c.min * 100.0, percent(c.max)),
+                _ => once(none()),
+            });
             self.rows.push(row);
         }
     }

@@ -518,7 +518,7 @@ mod tests {
     /// Eight streams out of step at a round trip of 50 µs (h2load at 5 ms of service): the
     /// gaps spread from µs to the latency, nearly every one acknowledging new data. The paper's
     /// mode sum takes nearly all of them for batch ends (as many as the acknowledged gaps: on
-    /// its own count, one request in flight) and read −62 … −74 %; the batches estimator's
+    /// its own count, one request in flight) and read −58 … −74 %; the batches estimator's
     /// count shows the streams, and both figures are withheld.
     #[test]
     fn the_papers_figure_is_withheld_where_the_batches_show_interleaved_streams() {

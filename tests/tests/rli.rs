@@ -514,7 +514,7 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         // RLI against the flow's packets in the intervals it has a figure for.
         let published = rli::behind(&captured, &lines, ports, "rli");
         let (mean, std) = moments(&published);
-        let (mean_l, std_l) = moments(delays);
+        let (mean_all, std_all) = moments(delays);
         let (n, rli_mean, rli_std) = merged(&lines, ports, "rli");
         let (n_l, left_mean, left_std) = merged(&lines, ports, "rli_l");
         let err = |x: f64, t: f64| (x / t - 1.0) * 100.0;
@@ -524,16 +524,16 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
                 "{:.3} ± {:.3} ms ({:+.2} %, {:+.1} %)",
                 left_mean / 1e6,
                 left_std / 1e6,
-                err(left_mean, mean_l),
-                err(left_std, std_l)
+                err(left_mean, mean_all),
+                err(left_std, std_all)
             ),
         };
         println!(
             "flow to {}: {} packets, {:.3} ± {:.3} ms ({:.3} ± {:.3} ms in RLI's intervals); RLI {n}: {:.3} ± {:.3} ms ({:+.2} %, {:+.1} %); RLI-L {n_l}: {left}",
             ports.1,
             delays.len(),
-            mean_l / 1e6,
-            std_l / 1e6,
+            mean_all / 1e6,
+            std_all / 1e6,
             mean / 1e6,
             std / 1e6,
             rli_mean / 1e6,
@@ -559,7 +559,10 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         }
         let within_rli = if seg.sampled { 3.0 } else { 2.0 };
         ensure!(err(rli_mean, mean).abs() < within_rli && err(rli_std, std).abs() < 5.0, "RLI off");
-        ensure!(seg.sampled || (err(left_mean, mean_l).abs() < 2.0 && err(left_std, std_l).abs() < 5.0), "RLI-L off");
+        ensure!(
+            seg.sampled || (err(left_mean, mean_all).abs() < 2.0 && err(left_std, std_all).abs() < 5.0),
+            "RLI-L off"
+        );
         // Replayed from the captures before D: the same references, the packets stamped a few
         // µs earlier than D's XDP did; the flow's intervals live published (replay, every delay
         // in at once, widens nothing).
@@ -571,8 +574,8 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
             err(replayed_mean, rli_mean),
             err(replayed_std, rli_std)
         );
-        // Sampled references' delays reach the live point a ms or so after them: the flows'
-        // groups widen now and then, live reads a little off what replay reads.
+        // Sampled references' delays reach the live point after them (tens of µs, now and then
+        // ms): the flows' groups widen now and then, live reads a little off what replay reads.
         let (within_mean, within_std) = if seg.sampled { (1.0, 1.0) } else { (0.2, 0.5) };
         // (A packet at an interval's edge may fall in the next in replay: one withheld live, say,
         // a few at each edge of such an interval.)

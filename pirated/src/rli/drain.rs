@@ -134,7 +134,7 @@ impl Intervals {
         around.extend_from_slice(&self.closed);
         // Where no references waited together, nothing widened: but should some have, the
         // interval's whole spread bounds them.
-        let spread = widened_spread(&mut around).or_else(|| spread(&taken));
+        let spread = widened_spread(&mut around).or_else(|| spread(taken.iter().copied()));
         let mut read = table.map(|(flows, refs)| self.drain.read(flows, &refs, over, spread)).unwrap_or_default();
         if self.sampled {
             for f in &mut read.figures {
@@ -175,8 +175,8 @@ impl Drain {
     /// (so that, should it come back, its counters start afresh rather than settle them twice).
     /// A flow read twice in one walk counts once.
     /// With `over` (the capture replayed has ended), every flow is taken as ended. `spread`:
-    /// the spread of the interval's reference delays (`None`: none known), which bounds what a
-    /// widened packet's delay can be off by (see [`MAX_WIDENED_ERROR`]).
+    /// what a widened packet's delay can be off by at most (`None`: nothing bounds it), see
+    /// [`MAX_WIDENED_ERROR`] and [`widened_spread`].
     pub fn read(
         &mut self,
         flows: Vec<(FlowKey, Vec<RliFlow>)>,
@@ -237,10 +237,15 @@ impl Drain {
     }
 }
 
-/// The spread (largest less smallest) of an interval's reference delays, if it has any.
-fn spread(delays: &[f64]) -> Option<f64> {
-    let (lo, hi) = delays.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &d| (lo.min(d), hi.max(d)));
-    (!delays.is_empty()).then_some(hi - lo)
+/// The spread (largest less smallest) of reference delays, if there are any.
+fn spread(delays: impl IntoIterator<Item = f64>) -> Option<f64> {
+    delays
+        .into_iter()
+        .fold(None, |range, d| match range {
+            None => Some((d, d)),
+            Some((lo, hi)) => Some((f64::min(lo, d), f64::max(hi, d))),
+        })
+        .map(|(lo, hi)| hi - lo)
 }
 
 /// What bounds a widened packet's error: the largest spread of the reference delays over a run
@@ -259,8 +264,7 @@ fn widened_spread(arrivals: &mut [Arrival]) -> Option<f64> {
         }
         if end - start >= 2 {
             let span = &arrivals[start.saturating_sub(1)..(end + 1).min(arrivals.len())];
-            let delays: Vec<f64> = span.iter().filter_map(|a| a.delay).collect();
-            if let Some(s) = spread(&delays) {
+            if let Some(s) = spread(span.iter().filter_map(|a| a.delay)) {
                 widest = Some(widest.map_or(s, |w| w.max(s)));
             }
         }
@@ -399,7 +403,7 @@ mod tests {
 
     /// A flow some of whose packets were interpolated over widened spans keeps its figure only
     /// while they could not have moved its mean by more than `MAX_WIDENED_ERROR`: their share
-    /// times the spread of the interval's reference delays, against the mean.
+    /// times the spread that bounds them, against the mean.
     #[test]
     fn widened_packets_withhold_a_figure_they_could_move() {
         let refs = REFS;
@@ -426,8 +430,8 @@ mod tests {
         );
         // No reference delay known in the interval: nothing bounds them.
         assert_eq!(read(None).withheld, Some("widened"));
-        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(spread(&[]), None);
+        assert_eq!(spread([3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(spread([]), None);
     }
 
     /// The spread that bounds widened packets is over the references that waited for their

@@ -5,7 +5,13 @@
 //! 3L… above the flat background the other streams make. pirated's datapath keeps gap modes,
 //! not request times, so this is the bench's, to see where the signal holds before it moves in.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+
+use pirate_common::{
+    ctx::PacketCtx,
+    key::{IPPROTO_TCP, IPPROTO_UDP},
+    parse::{parse, TCP_SYN},
+};
 
 /// Requests closer than this are one event: the segments of one burst.
 const MERGE_NS: u64 = 200_000;
@@ -28,7 +34,7 @@ const MIN_EVENTS: usize = 100;
 /// A client→server packet of the capture: when, from which client, and what it carries.
 struct Packet {
     at_ns: u64,
-    client: (IpAddr, u16),
+    client: SocketAddr,
     kind: Kind,
 }
 
@@ -44,11 +50,12 @@ enum Kind {
     },
 }
 
-/// The busiest client connection's cycle to `server` in `frames` (Ethernet, IPv4; ns), if its
+/// The busiest client connection's cycle to `server` in `frames` (Ethernet, ns), if its
 /// requests show one: ns.
 pub fn of(frames: &[(u64, Vec<u8>)], server: SocketAddr) -> Option<f64> {
-    let packets: Vec<Packet> = frames.iter().filter_map(|(at, f)| parse(*at, f, server)).collect();
-    let mut clients: Vec<(IpAddr, u16)> = packets.iter().map(|p| p.client).collect();
+    let mut ctx = PacketCtx::default();
+    let packets: Vec<Packet> = frames.iter().filter_map(|(at, f)| to(server, *at, f, &mut ctx)).collect();
+    let mut clients: Vec<SocketAddr> = packets.iter().map(|p| p.client).collect();
     clients.sort();
     clients.dedup();
     let busiest = clients.into_iter().max_by_key(|c| packets.iter().filter(|p| p.client == *c).count())?;
@@ -125,36 +132,20 @@ fn cycle(events: &[u64], round_trip_ns: u64) -> Option<f64> {
     (mass > 0.0).then(|| moment / mass * BIN_NS as f64)
 }
 
-/// A client→server packet to `server` in an Ethernet frame, if it is one (IPv4, TCP or UDP).
-fn parse(at_ns: u64, frame: &[u8], server: SocketAddr) -> Option<Packet> {
-    let ip = frame.get(14..)?;
-    if frame.get(12..14)? != [8, 0] || ip.first()? >> 4 != 4 {
+/// A TCP or UDP packet to `server` in an Ethernet frame, if it is one (parsed as the datapath
+/// parses, into `ctx`).
+fn to(server: SocketAddr, at_ns: u64, frame: &[u8], ctx: &mut PacketCtx) -> Option<Packet> {
+    parse(frame, ctx).ok()?;
+    if ctx.key.server() != server {
         return None;
     }
-    let header = ((ip[0] & 15) as usize) * 4;
-    let total = u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]) as usize;
-    let (src, dst) = (
-        IpAddr::from(<[u8; 4]>::try_from(ip.get(12..16)?).ok()?),
-        IpAddr::from(<[u8; 4]>::try_from(ip.get(16..20)?).ok()?),
-    );
-    let l4 = ip.get(header..total.min(ip.len()))?;
-    let port = |i: usize| Some(u16::from_be_bytes([*l4.get(i)?, *l4.get(i + 1)?]));
-    if dst != server.ip() || port(2)? != server.port() {
-        return None;
-    }
-    let kind = match ip[9] {
-        6 => {
-            let offset = ((*l4.get(12)? >> 4) as usize) * 4;
-            let seq = u32::from_be_bytes(l4.get(4..8)?.try_into().ok()?);
-            match *l4.get(13)? & 0x02 != 0 {
-                true => Kind::Syn,
-                false => Kind::Tcp { seq, len: l4.len().saturating_sub(offset) as u32 },
-            }
-        }
-        17 => Kind::Udp { len: l4.len().saturating_sub(8) },
+    let kind = match ctx.key.proto {
+        IPPROTO_TCP if ctx.tcp_flags & TCP_SYN != 0 => Kind::Syn,
+        IPPROTO_TCP => Kind::Tcp { seq: ctx.seq, len: ctx.payload.into() },
+        IPPROTO_UDP => Kind::Udp { len: ctx.payload.into() },
         _ => return None,
     };
-    Some(Packet { at_ns, client: (src, port(0)?), kind })
+    Some(Packet { at_ns, client: ctx.key.client(), kind })
 }
 
 #[cfg(test)]

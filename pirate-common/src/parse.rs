@@ -12,6 +12,13 @@ use crate::{
 pub trait Frame {
     /// `size_of::<T>()` bytes at `off`, or `None` past the end.
     fn read<T: Copy>(&self, off: usize) -> Option<T>;
+
+    /// `N` bytes at `off`, or `None` past the end, where `off` varies in a loop: the XDP
+    /// implementation copies them out with a helper, since the verifier cannot follow a packet
+    /// pointer's bounds check at an offset that grows in a loop.
+    fn chunk<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        self.read(off)
+    }
 }
 
 impl Frame for [u8] {

@@ -23,6 +23,7 @@ use pirate_common::{
 use crate::{
     chain,
     maps::{count, CONFIG, CTX, EPOCH, FLOWS, FLOWS_WIDE, PIRATE_FLOW, RECORDS, V6_NAMES},
+    root::Packet,
 };
 
 #[xdp]
@@ -114,7 +115,7 @@ fn measure<const M: usize>(ctx: &XdpContext, flows: &Array<Set<M>>) {
         }
     }
     let st = state(f.pkt, f.set, f.way);
-    count(match packet(st, f.pkt, f.params) {
+    count(match packet(st, f.pkt, &Packet(ctx), f.params) {
         Step::SkippedPureAck => counters::PURE_ACK,
         Step::SkippedRetransmission => counters::RETRANSMISSION,
         Step::First => counters::NEW_FLOW,

@@ -2,7 +2,11 @@
 //! per-CPU `CTX`, then starts the chain. A frame the parser rejects is counted and skips the
 //! measuring programs, but still reaches the forwarders.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, generated::bpf_xdp_load_bytes},
+    macros::xdp,
+    programs::XdpContext,
+};
 use pirate_common::{
     counters,
     ctx::PARSED,
@@ -29,6 +33,14 @@ impl Frame for Packet<'_> {
         }
         // SAFETY: bounds checked against data_end just above.
         Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
+    }
+
+    #[inline(always)]
+    fn chunk<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        let mut buf = [0u8; N];
+        // SAFETY: the helper writes at most N bytes into buf, and fails past the frame's end.
+        let read = unsafe { bpf_xdp_load_bytes(self.0.ctx, off as u32, buf.as_mut_ptr() as *mut _, N as u32) };
+        (read == 0).then_some(buf)
     }
 }
 

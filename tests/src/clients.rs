@@ -85,16 +85,24 @@ pub fn redis_benchmark(ns: &Netns, host: &str, clients: u32, requests: u32, pipe
 /// mean time for request (request sent → response complete), from its per-request log: µs
 /// resolution, where its summary rounds to 10 µs above 1 ms.
 pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result<ClientLatency> {
+    h2load_speaking(ns, url, false, streams, duration)
+}
+
+/// [`h2load`] over HTTP/1.1 (`--h1`: ALPN offers `http/1.1` alone over TLS), one request in
+/// flight.
+pub fn h2load_h1(ns: &Netns, url: &str, duration: Duration) -> Result<ClientLatency> {
+    h2load_speaking(ns, url, true, 1, duration)
+}
+
+fn h2load_speaking(ns: &Netns, url: &str, h1: bool, streams: u32, duration: Duration) -> Result<ClientLatency> {
     let log = std::env::temp_dir().join(format!("pirate-h2load-{}.log", std::process::id()));
-    let out = ns.run(&[
-        "h2load",
-        "-c1",
-        &format!("-m{streams}"),
-        "-D",
-        &duration.as_secs().max(1).to_string(),
-        &format!("--log-file={}", log.display()),
-        url,
-    ]);
+    let (streams, secs, log_file) =
+        (format!("-m{streams}"), duration.as_secs().max(1).to_string(), format!("--log-file={}", log.display()));
+    let mut args = vec!["h2load", "-c1", &streams, "-D", &secs, &log_file, url];
+    if h1 {
+        args.push("--h1");
+    }
+    let out = ns.run(&args);
     let log_text = std::fs::read_to_string(&log);
     let _ = std::fs::remove_file(&log);
     let (out, log_text) = (out?, log_text.context("reading h2load's log")?);
@@ -112,7 +120,11 @@ pub fn h2load(ns: &Netns, url: &str, streams: u32, duration: Duration) -> Result
             (f.get(1) == Some(&"200")).then(|| f.get(2)?.parse::<f64>().ok()).flatten()
         })
         .collect();
-    let protocol = if url.starts_with("https://") { "h2" } else { "h2c" };
+    let protocol = match (h1, url.starts_with("https://")) {
+        (true, _) => "http/1.1",
+        (false, true) => "h2",
+        (false, false) => "h2c",
+    };
     let spoke = out.lines().any(|l| l.strip_prefix("Application protocol: ") == Some(protocol));
     if failed != "0" || times.is_empty() || !spoke {
         bail!("h2load: {} requests succeeded, {failed} failed:\n{out}", times.len());

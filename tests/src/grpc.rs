@@ -16,10 +16,24 @@ use crate::{
 /// Python paths and the user's packages, and so from any other Python first on `PATH`.
 const PYTHON: [&str; 2] = ["/usr/bin/python3", "-I"];
 
-/// The gRPC server on `port` (IPv4 and IPv6) in `ns`, answering each call after `service`.
+/// The gRPC server on `port` (IPv4 and IPv6) in `ns`, answering each call after `service`,
+/// every call in flight at once.
 pub fn server(ns: &Netns, port: u16, service: Duration) -> Result<Server> {
-    let args = |_: &std::path::Path| vec![port.to_string(), service.as_secs_f64().to_string()];
-    python_server(ns, "gRPC", &PYTHON, include_str!("grpc/server.py"), args, || wait_listening(ns, port))
+    start(ns, port, service, false)
+}
+
+/// [`server`] serving one call at a time, as a server of a single worker does: N calls in flight
+/// take N service times each, and their responses leave one service time apart.
+pub fn server_one_at_a_time(ns: &Netns, port: u16, service: Duration) -> Result<Server> {
+    start(ns, port, service, true)
+}
+
+fn start(ns: &Netns, port: u16, service: Duration, one_at_a_time: bool) -> Result<Server> {
+    let mut args = vec![port.to_string(), service.as_secs_f64().to_string()];
+    if one_at_a_time {
+        args.push("one-at-a-time".into());
+    }
+    python_server(ns, "gRPC", &PYTHON, include_str!("grpc/server.py"), |_| args, || wait_listening(ns, port))
 }
 
 /// The gRPC client in `ns`: `in_flight` calls at a time to `server` on one connection for

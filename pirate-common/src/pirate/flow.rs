@@ -97,7 +97,8 @@ pub struct FlowState<const M: usize> {
     pub handshake_rtt: u16,
     /// The `STARTED` … `RESTARTED` bits.
     pub status: u8,
-    pub _pad: u8,
+    /// What the client's first data says of its protocol: the `protocol::OPENED` … bits.
+    pub protocol: u8,
     pub modes: Modes<M>,
 }
 
@@ -117,7 +118,7 @@ impl<const M: usize> FlowState<M> {
             acked_gaps: 0,
             handshake_rtt: 0,
             status: 0,
-            _pad: 0,
+            protocol: 0,
             modes: Modes::new(),
         }
     }

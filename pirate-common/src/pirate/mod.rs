@@ -7,6 +7,7 @@ pub mod flow;
 pub mod grid;
 pub mod layout;
 pub mod modes;
+pub mod protocol;
 pub mod table;
 pub mod tracker;
 

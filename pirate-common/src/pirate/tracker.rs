@@ -10,10 +10,11 @@ use super::{
     flow::{FlowState, ACK_SEEN, ACTIVE, PREV_SHORT, QUIC, RESTARTED, SEQ_SEEN, STARTED, SUM_SHIFT, SYN_SENT},
     grid,
     modes::Placed,
+    protocol,
 };
 use crate::{
     ctx::PacketCtx,
-    parse::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    parse::{Frame, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
 /// What a packet is, as far as the trackers care (read off the packet context).
@@ -70,18 +71,20 @@ pub enum Step {
     Idle { gap_ns: u64 },
 }
 
-/// A packet of epoch `epoch` on a flow: [`roll_epoch`], then [`packet`]. The datapath runs the
-/// two in separate programs (each has its own verifier budget); replay runs this.
+/// A packet of epoch `epoch` on a flow (parsed into `pkt` from `frame`): [`roll_epoch`], then
+/// [`packet`]. The datapath runs the two in separate programs (each has its own verifier
+/// budget); replay runs this.
 #[inline(always)]
-pub fn step<const M: usize>(
+pub fn step<const M: usize, F: Frame + ?Sized>(
     st: &mut FlowState<M>,
     epoch: u32,
     pkt: &PacketCtx,
+    frame: &F,
     p: &Params,
     hand_over: impl FnOnce(&FlowState<M>),
 ) -> Step {
     roll_epoch(st, epoch, p, hand_over);
-    packet(st, pkt, p)
+    packet(st, pkt, frame, p)
 }
 
 /// A state still holding an earlier epoch than `epoch` first gives it to `hand_over` (when
@@ -101,9 +104,16 @@ pub fn roll_epoch<const M: usize>(
     }
 }
 
-/// [`on_packet`] for a parsed packet.
+/// [`on_packet`] for a packet parsed into `pkt` from `frame`, whose data may first tell the
+/// flow's protocol ([`protocol::sniff`]).
 #[inline(always)]
-pub fn packet<const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, p: &Params) -> Step {
+pub fn packet<const M: usize, F: Frame + ?Sized>(
+    st: &mut FlowState<M>,
+    pkt: &PacketCtx,
+    frame: &F,
+    p: &Params,
+) -> Step {
+    protocol::sniff(st, pkt, frame);
     on_packet(st, pkt.ts_ns, PacketInfo::of(pkt), p)
 }
 

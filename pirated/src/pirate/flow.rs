@@ -13,6 +13,7 @@ use pirate_common::{
         config::MODES_WIDE,
         flow::{FlowState, QUIC},
         modes::Modes,
+        protocol::MULTIPLEXING,
     },
 };
 
@@ -128,6 +129,9 @@ pub struct FlowEpoch {
     pub acked_gaps: u16,
     /// QUIC: nothing in its packets tells how many requests it has in flight.
     pub quic: bool,
+    /// A TCP client that speaks, offers or may speak a protocol that multiplexes requests
+    /// (`protocol::MULTIPLEXING`): nor do its packets.
+    pub multiplexing: bool,
 }
 
 impl FlowEpoch {
@@ -152,6 +156,7 @@ impl FlowEpoch {
             handshake_rtt_ns: st.handshake_rtt_ns() as u32,
             acked_gaps: st.acked_gaps,
             quic: st.has(QUIC),
+            multiplexing: st.protocol & MULTIPLEXING != 0,
         }
     }
 

@@ -153,7 +153,7 @@ impl Replay<'_> {
                     summary.flows_evicted += evict(&mut flows, self.max_flows);
                 }
                 let st = flows.entry(pkt.key).or_insert_with(|| FlowState::new(c.epoch));
-                step(st, c.epoch, &pkt, self.params, |_| {});
+                step(st, c.epoch, &pkt, frame, self.params, |_| {});
             }
         }
         if let Some(c) = clock {

@@ -68,7 +68,7 @@ fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
         for _ in 0..1 + rand(3) {
             now += 20_000 + rand(40_000) as u64;
             pkt.ts_ns = now;
-            step(&mut st, EPOCH, &pkt, &params, |_| {});
+            step(&mut st, EPOCH, &pkt, &[][..], &params, |_| {});
         }
         now += service + rand(200_000) as u64;
     }

@@ -134,7 +134,7 @@ impl Settings {
             p => Ok((p, Rule::ModeSum)),
         });
         let split = |r: Option<Result<(FlowEstimate, Rule), NoFigure>>| match r
-            .map(|r| r.and_then(|f| self.supported(flow, modes, f)))
+            .map(|r| in_flight_told(flow).and(r).and_then(|f| self.supported(flow, modes, f)))
         {
             Some(Ok((e, rule))) => (Some(e), Some(rule), None),
             Some(Err(why)) => (None, None, Some(why)),
@@ -145,8 +145,7 @@ impl Settings {
         Estimates { paper, batches, paper_withheld, batches_withheld, paper_rule, batches_rule, server: 0 }
     }
 
-    /// A figure, if its flow's packets support it: not on QUIC (whose acknowledgements are
-    /// encrypted: nothing says how many requests are in flight); from [`Settings::min_batches`]
+    /// A figure, if its flow's packets support it: from [`Settings::min_batches`]
     /// batches or more (one batch cannot be told from the exchanges that open and close a
     /// connection). Unless counted at half the latency of multiplexed streams: on TCP, from no
     /// more batches than gaps across which the client acknowledged new data (by
@@ -160,9 +159,6 @@ impl Settings {
         modes: &[Mode],
         (e, rule): (FlowEstimate, Rule),
     ) -> Result<(FlowEstimate, Rule), NoFigure> {
-        if flow.quic {
-            return Err(NoFigure::Quic);
-        }
         if e.batches < self.min_batches {
             return Err(NoFigure::FewBatches);
         }
@@ -194,6 +190,18 @@ impl Settings {
             }
             _ => Err(NoFigure::Interleaved),
         }
+    }
+}
+
+/// Whether the flow's transport and protocol let its packets tell how many requests it has in
+/// flight, which every figure rests on: not QUIC's (its acknowledgements are encrypted), nor a
+/// TCP client's that may multiplex them ([`NoFigure::Multiplexing`]). Whatever an estimator
+/// made of such a flow's gaps is withheld for that reason first.
+fn in_flight_told(flow: &FlowEpoch) -> Result<(), NoFigure> {
+    match (flow.quic, flow.multiplexing) {
+        (true, _) => Err(NoFigure::Quic),
+        (_, true) => Err(NoFigure::Multiplexing),
+        _ => Ok(()),
     }
 }
 
@@ -309,18 +317,26 @@ pub enum NoFigure {
     Unanswered,
     /// QUIC: nothing in the client's packets tells how many requests it has in flight.
     Quic,
+    /// The client speaks a protocol that multiplexes requests on the connection (the HTTP/2
+    /// preface; `h2` offered in its TLS ClientHello), or may (joined after the handshake: TLS
+    /// records, HTTP/2 frames), and nothing in its packets tells how many it has in flight:
+    /// streams out of step, groups of them half a cycle apart, or a server that serves them one
+    /// at a time time their requests as one stream of a faster server would
+    /// (`pirate_common::pirate::protocol`).
+    Multiplexing,
     /// More time inside a batch, on average, than a client's pacing takes
     /// ([`Settings::supported`]).
     LongBatches,
 }
 
 impl NoFigure {
-    pub const ALL: [NoFigure; 6] = [
+    pub const ALL: [NoFigure; 7] = [
         NoFigure::BelowRoundTrip,
         NoFigure::Interleaved,
         NoFigure::FewBatches,
         NoFigure::Unanswered,
         NoFigure::Quic,
+        NoFigure::Multiplexing,
         NoFigure::LongBatches,
     ];
 
@@ -332,6 +348,7 @@ impl NoFigure {
             NoFigure::FewBatches => "few_batches",
             NoFigure::Unanswered => "unanswered",
             NoFigure::Quic => "quic",
+            NoFigure::Multiplexing => "multiplexing",
             NoFigure::LongBatches => "long_batches",
         }
     }
@@ -587,7 +604,7 @@ mod tests {
     /// A figure needs its flow's evidence. One batch is no figure, two are. On TCP, batch ends
     /// that outnumber the gaps that acknowledged new data (by more than 3 %) are not all waits
     /// for responses: withheld; a UDP flow, with no acknowledgements to count, keeps its figure,
-    /// unless it is QUIC. Batches longer inside than a client paces are withheld. A figure says
+    /// unless it is QUIC; nor does a TCP client that may multiplex. Batches longer inside than a client paces are withheld. A figure says
     /// what it rests on.
     #[test]
     fn a_figure_needs_evidence_that_its_batches_are_waits() {
@@ -615,6 +632,12 @@ mod tests {
         };
         assert_eq!(udp(0), (Some(100), None, Some(Rule::Break)));
         assert_eq!(udp(QUIC), (None, Some(NoFigure::Quic), None));
+        // A client that may multiplex, one acknowledgement a batch or more.
+        for acked in [100, 300] {
+            let mut f = tcp_epoch(&[pacing, (5_000_000, 100)], 0, acked);
+            f.multiplexing = true;
+            assert_eq!(batches(&f), (None, Some(NoFigure::Multiplexing), None));
+        }
         // Two 1.5 ms gaps inside each batch: 3 ms a batch that is neither pacing nor a wait.
         let slow = tcp_epoch(&[(1_500_000, 200), (6_000_000, 100)], 0, 100);
         assert_eq!(batches(&slow), (None, Some(NoFigure::LongBatches), None));

@@ -49,9 +49,10 @@ enum Server {
     Redis,
     /// `think_time_http` on its own, service times (ms, weight) drawn per request.
     ThinkTime(&'static [(u64, f64)]),
-    /// The gRPC server, `service_ms` per call.
+    /// The gRPC server, `service_ms` per call, every call at once or `one_at_a_time`.
     Grpc {
         service_ms: u64,
+        one_at_a_time: bool,
     },
     /// The QUIC (HTTP/3-like, aioquic) server, `service_ms` per request.
     Quic {
@@ -206,7 +207,7 @@ fn multiplexed() -> Vec<Case> {
                 }
             }
             for in_flight in [1, 2, 8, 16, 64] {
-                let (server, client) = (Server::Grpc { service_ms }, Client::Grpc { in_flight });
+                let (server, client) = (Server::Grpc { service_ms, one_at_a_time: false }, Client::Grpc { in_flight });
                 push(
                     format!("gRPC 1 conn × {in_flight} unary in flight"),
                     server,
@@ -216,6 +217,17 @@ fn multiplexed() -> Vec<Case> {
                     "grpcio",
                 );
             }
+            // A server of one worker: 8 calls in flight request as one call of a server 8 times
+            // faster would.
+            let (server, client) = (Server::Grpc { service_ms, one_at_a_time: true }, Client::Grpc { in_flight: 8 });
+            push(
+                "gRPC 1 conn × 8 unary in flight, one at a time".into(),
+                server,
+                client,
+                return_us,
+                service_ms,
+                "grpcio",
+            );
             for in_flight in [1, 4] {
                 let (server, client) = (Server::Quic { service_ms }, Client::Quic { in_flight });
                 push(
@@ -266,7 +278,12 @@ impl Case {
                 think_time_http(&tb.server, port, &service, 1)?;
                 None
             }
-            Server::Grpc { service_ms } => Some(grpc::server(&tb.server, port, Duration::from_millis(service_ms))?),
+            Server::Grpc { service_ms, one_at_a_time: false } => {
+                Some(grpc::server(&tb.server, port, Duration::from_millis(service_ms))?)
+            }
+            Server::Grpc { service_ms, one_at_a_time: true } => {
+                Some(grpc::server_one_at_a_time(&tb.server, port, Duration::from_millis(service_ms))?)
+            }
             Server::Quic { service_ms } => Some(quic::server(&tb.server, addr, Duration::from_millis(service_ms))?),
         };
         // Emulators run until dropped, after pirated has stopped.

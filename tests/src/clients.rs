@@ -187,21 +187,24 @@ where
 }
 
 /// `dnsperf` from `ns` asking `server` for [`crate::servers::DNS_NAME`] `rate` times a second
-/// for `duration` (whole seconds) on one socket; the queries it completed. A lost query is an
-/// error: on the testbed nothing drops them.
-pub fn dnsperf(ns: &Netns, server: &str, rate: u32, duration: Duration) -> Result<u64> {
+/// for `duration` (whole seconds) on one socket, open loop: the queries it completed and their
+/// mean latency, its own. A lost query is an error: on the testbed nothing drops them.
+pub fn dnsperf(ns: &Netns, server: &str, rate: u32, duration: Duration) -> Result<ClientLatency> {
     let queries = std::env::temp_dir().join(format!("pirate-dnsperf-{}-{}", ns.name(), std::process::id()));
     std::fs::write(&queries, format!("{} A\n", crate::servers::DNS_NAME))?;
     let (secs, rate) = (duration.as_secs().to_string(), rate.to_string());
     let out = ns.run(&["dnsperf", "-s", server, "-d", queries.to_str().unwrap(), "-l", &secs, "-Q", &rate, "-c", "1"]);
     let _ = std::fs::remove_file(&queries);
     let out = out?;
-    let count = |what: &str| -> Option<u64> {
+    // "  Queries completed:    6000 (100.00%)", "  Average Latency (s):  0.000093 (min …, max …)"
+    let field = |what: &str| -> Option<&str> {
         let line = out.lines().find(|l| l.trim_start().starts_with(what))?;
-        line.split_once(':')?.1.split_whitespace().next()?.parse().ok()
+        line.split_once(':')?.1.split_whitespace().next()
     };
-    match (count("Queries completed"), count("Queries lost")) {
-        (Some(done), Some(0)) => Ok(done),
+    let count = |what: &str| field(what)?.parse::<u64>().ok();
+    match (count("Queries completed"), count("Queries lost"), field("Average Latency (s)").and_then(|v| v.parse().ok()))
+    {
+        (Some(requests), Some(0), Some(mean)) => Ok(ClientLatency { mean, requests }),
         _ => bail!("dnsperf lost queries or printed no summary:\n{out}"),
     }
 }

@@ -48,7 +48,7 @@ fn undersized_fridge_corrects_the_tail() -> Result<()> {
     let duration = Duration::from_secs(SECONDS);
     let (connections, queries) = std::thread::scope(|scope| {
         let connections = scope.spawn(|| short_connections(&tb.client, server, RATE as f64, duration));
-        let queries = dnsperf(&tb.client, SERVER_IP, RATE, duration);
+        let queries = dnsperf(&tb.client, SERVER_IP, RATE, duration).map(|q| q.requests);
         (connections.join().expect("the client panicked"), queries)
     });
     let (connections, queries) = (connections?.len(), queries?);

@@ -44,17 +44,23 @@ const MAX_L4_OFF: usize = 256;
 const H2_MAX_FRAME: u32 = 16_384;
 const H2_LAST_TYPE: u8 = 9;
 
-/// Looks at a TCP packet of the flow `st` for what its protocol says, until it is known. A
-/// function of its own in the datapath: the verifier walks its paths once, not once for each
-/// state the per-packet step may reach it in, and the step after it starts from one.
-#[inline(never)]
+/// Looks at a TCP packet of the flow `st` for what its protocol says, until it is known: one
+/// test of a byte per packet after that.
+#[inline(always)]
 pub fn sniff<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, f: &F) {
-    if pkt.key.proto != IPPROTO_TCP || st.protocol & KNOWN != 0 {
-        return;
+    if pkt.key.proto == IPPROTO_TCP && st.protocol & KNOWN == 0 {
+        first_data(st, pkt, f);
     }
+}
+
+/// [`sniff`] while the protocol is unknown. A function of its own in the datapath: the
+/// verifier walks its paths once, not once for each state the per-packet step may reach it in,
+/// and the step after it starts from one.
+#[inline(never)]
+fn first_data<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, f: &F) {
     if pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        // A SYN may carry data too (TCP Fast Open).
         st.protocol |= OPENED;
-        return;
     }
     if pkt.payload == 0 {
         return;
@@ -69,17 +75,17 @@ pub fn sniff<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &Pac
 }
 
 /// Whether a client whose first data seen lies from `at` to `end` may multiplex: the HTTP/2
-/// preface, or a TLS ClientHello that offers `h2`; or, `late` (joined after the handshake), TLS
-/// records or an HTTP/2 frame.
+/// preface, or a TLS ClientHello that offers `h2`; a TLS record of any other kind (the hello
+/// not seen: its offer is unknown); or, `late` (joined after the handshake), an HTTP/2 frame.
 #[inline(always)]
 fn multiplexes<F: Frame + ?Sized>(f: &F, at: usize, end: usize, late: bool) -> bool {
     let Some(head) = f.read::<[u8; 6]>(at) else { return false };
-    let tls = head[1] == 3 && head[2] <= 4;
+    let tls = head[1] == 3 && head[2] <= 4 && TLS_TYPES.contains(&head[0]);
     if tls && head[0] == TLS_HANDSHAKE && head[5] == CLIENT_HELLO {
         return offers_h2(f, at, end);
     }
     let preface = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) == u32::from_be_bytes(PREFACE);
-    preface || (late && ((tls && TLS_TYPES.contains(&head[0])) || h2_frame(f, at)))
+    preface || tls || (late && h2_frame(f, at))
 }
 
 /// Whether the ClientHello in the record at `at` offers `h2` in its ALPN extension, or may: an
@@ -218,6 +224,11 @@ mod tests {
         assert_eq!(after(true, &[b"GET / HTTP/1.1\r\n\r\n", preface]), KNOWN);
         // Nothing yet: a SYN alone, a pure ACK.
         assert_eq!(after(true, &[&[]]), 0);
+        // TCP Fast Open: the hello in the SYN.
+        let mut st = FlowState::<MODES_COMPACT>::new(1);
+        let (frame, pkt) = segment(TCP_SYN, &client_hello(Some(&["h2"]), 20, 300));
+        sniff(&mut st, &pkt, &frame[..]);
+        assert_eq!(st.protocol, OPENED | KNOWN | MULTIPLEXING);
     }
 
     /// A ClientHello longer than a segment: its ALPN offer read in the first; where the offer,
@@ -248,6 +259,8 @@ mod tests {
         let headers = [0, 0, 20, 1, 4, 0, 0, 0, 7, 0x82];
         assert_eq!(after(false, &[&headers]), KNOWN | MULTIPLEXING);
         assert_eq!(after(true, &[&headers]), KNOWN);
+        // Opened in view, its hello not seen: the offer is unknown.
+        assert_eq!(after(true, &[&[23, 3, 3, 0, 40, 1, 2, 3]]), KNOWN | MULTIPLEXING);
         assert_eq!(after(false, &[b"GET / HTTP/1.1\r\n\r\n"]), KNOWN);
         assert_eq!(after(false, &[b"*1\r\n$4\r\nPING\r\n"]), KNOWN);
     }

@@ -148,7 +148,7 @@ impl EpochReport {
                 estimate_ns: est.map(|e| e.estimate_ns.round() as u64),
                 batches: est.map_or(0, |e| e.batches),
                 no_figure: r.withheld(self.estimator).map(NoFigure::name),
-                evidence: r.rule(self.estimator).map(|rule| Evidence::of(rule, f.key.proto)),
+                evidence: r.rule(self.estimator).map(Evidence::of),
                 estimates: Both {
                     paper: r.paper.as_ref().map(Figure::from),
                     batches: r.batches.as_ref().map(Figure::from),
@@ -292,8 +292,8 @@ struct Evidence {
 }
 
 impl Evidence {
-    fn of(rule: Rule, proto: u8) -> Evidence {
-        let s = rule.streams(proto);
+    fn of(rule: Rule) -> Evidence {
+        let s = rule.streams();
         Evidence { rule: rule.name(), streams_in_flight: s.in_flight, streams_bounds: [Some(s.lower), s.upper] }
     }
 }

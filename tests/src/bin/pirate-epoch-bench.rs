@@ -12,7 +12,7 @@ use clap::Parser;
 use pirate_common::{
     ctx::PacketCtx,
     key::{FlowId, FlowKey, FAMILY_V4},
-    parse::IPPROTO_UDP,
+    parse::{IPPROTO_TCP, TCP_ACK},
     pirate::{
         config::MODES_COMPACT,
         flow::FlowState,
@@ -48,13 +48,14 @@ const TEMPLATES: u32 = 256;
 /// The epoch every flow's state belongs to, closed by the drain.
 const EPOCH: u32 = 1;
 
-/// One flow's epoch: batches of 1–3 requests paced 20–60 µs apart, each batch waiting 1–16 ms
-/// for its response (the shape depends on `t`), about 100 gaps.
+/// One TCP flow's epoch: batches of 1–3 requests paced 20–60 µs apart, each batch waiting
+/// 1–16 ms for its response, acknowledged by its first request (the shape depends on `t`),
+/// about 100 gaps.
 fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
     let params = config.pirate.params(config.max_flows);
     let mut st = FlowState::new(EPOCH);
-    let mut pkt = PacketCtx { payload: 100, ..PacketCtx::default() };
-    pkt.key.proto = IPPROTO_UDP;
+    let mut pkt = PacketCtx { payload: 100, tcp_flags: TCP_ACK, ..PacketCtx::default() };
+    pkt.key.proto = IPPROTO_TCP;
     let mut now = 1_000_000u64;
     let mut seed = 0x9e37_79b9u32.wrapping_mul(t + 1);
     let mut rand = move |n: u32| {
@@ -65,9 +66,11 @@ fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
     };
     let service = 1_000_000 + (t % 16) as u64 * 1_000_000;
     for _ in 0..40 {
+        pkt.ack = pkt.ack.wrapping_add(1000);
         for _ in 0..1 + rand(3) {
             now += 20_000 + rand(40_000) as u64;
             pkt.ts_ns = now;
+            pkt.seq = pkt.seq.wrapping_add(100);
             step(&mut st, EPOCH, &pkt, &[][..], &params, |_| {});
         }
         now += service + rand(200_000) as u64;
@@ -79,7 +82,7 @@ fn key(i: u32, servers: u32) -> FlowKey {
     let mut k = FlowKey {
         sport: 1024 + (i % 60000) as u16,
         dport: 80,
-        proto: IPPROTO_UDP,
+        proto: IPPROTO_TCP,
         family: FAMILY_V4,
         ..FlowKey::default()
     };

@@ -166,7 +166,7 @@ impl Settings {
             return Ok((e, rule));
         }
         let acked = flow.acked_gaps;
-        if acked < u16::MAX && flow.key.proto == IPPROTO_TCP && e.batches as f64 > MULTIPLEXED_ACKS * acked as f64 {
+        if acked < u16::MAX && e.batches as f64 > MULTIPLEXED_ACKS * acked as f64 {
             return Err(NoFigure::Unanswered);
         }
         let ends_ns: f64 = e.ends.of(modes).map(|(i, n)| modes[i].mean_ns() * n as f64).sum();
@@ -194,14 +194,16 @@ impl Settings {
 }
 
 /// Whether the flow's transport and protocol let its packets tell how many requests it has in
-/// flight, which every figure rests on: not QUIC's (its acknowledgements are encrypted), nor a
-/// TCP client's that may multiplex them ([`NoFigure::Multiplexing`]). Whatever an estimator
-/// made of such a flow's gaps is withheld for that reason first.
+/// flight, which every figure rests on: on TCP, where its acknowledgement numbers say when
+/// responses arrived, unless the client may multiplex requests ([`NoFigure::Multiplexing`]);
+/// not on QUIC or any other UDP, whose packets say nothing of responses. Whatever an
+/// estimator made of such a flow's gaps is withheld for that reason first.
 fn in_flight_told(flow: &FlowEpoch) -> Result<(), NoFigure> {
-    match (flow.quic, flow.multiplexing) {
-        (true, _) => Err(NoFigure::Quic),
-        (_, true) => Err(NoFigure::Multiplexing),
-        _ => Ok(()),
+    match (flow.key.proto == IPPROTO_TCP, flow.quic, flow.multiplexing) {
+        (_, true, _) => Err(NoFigure::Quic),
+        (false, _, _) => Err(NoFigure::Udp),
+        (true, _, true) => Err(NoFigure::Multiplexing),
+        (true, _, false) => Ok(()),
     }
 }
 
@@ -283,15 +285,13 @@ impl Rule {
         matches!(self, Rule::HalfLatency | Rule::ModeSumHalfLatency)
     }
 
-    /// The requests in flight on a flow of IP protocol `proto` whose figure this rule gave: on
-    /// TCP, one, where acknowledgements came once per batch ([`Settings::supported`] withholds
-    /// where they came less often); two or more where they came more often; on other transports
-    /// unknown.
-    pub fn streams(self, proto: u8) -> Streams {
-        match (self.multiplexed(), proto == IPPROTO_TCP) {
-            (true, _) => Streams { in_flight: None, lower: 2, upper: None },
-            (false, true) => Streams { in_flight: Some(1), lower: 1, upper: Some(1) },
-            (false, false) => Streams { in_flight: None, lower: 1, upper: None },
+    /// The requests in flight on a flow whose figure this rule gave (a TCP flow's: no other has
+    /// one): one, where acknowledgements came once per batch ([`Settings::supported`] withholds
+    /// where they came less often); two or more where they came more often.
+    pub fn streams(self) -> Streams {
+        match self.multiplexed() {
+            true => Streams { in_flight: None, lower: 2, upper: None },
+            false => Streams { in_flight: Some(1), lower: 1, upper: Some(1) },
         }
     }
 }
@@ -317,6 +317,9 @@ pub enum NoFigure {
     Unanswered,
     /// QUIC: nothing in the client's packets tells how many requests it has in flight.
     Quic,
+    /// Any other UDP: nothing in the client's packets says that a response arrived before a
+    /// request, or at all (a sink, a stream of media, a client with many queries outstanding).
+    Udp,
     /// The client speaks a protocol that multiplexes requests on the connection (the HTTP/2
     /// preface; `h2` offered in its TLS ClientHello), or may (joined after the handshake: TLS
     /// records, HTTP/2 frames), and nothing in its packets tells how many it has in flight:
@@ -330,12 +333,13 @@ pub enum NoFigure {
 }
 
 impl NoFigure {
-    pub const ALL: [NoFigure; 7] = [
+    pub const ALL: [NoFigure; 8] = [
         NoFigure::BelowRoundTrip,
         NoFigure::Interleaved,
         NoFigure::FewBatches,
         NoFigure::Unanswered,
         NoFigure::Quic,
+        NoFigure::Udp,
         NoFigure::Multiplexing,
         NoFigure::LongBatches,
     ];
@@ -348,6 +352,7 @@ impl NoFigure {
             NoFigure::FewBatches => "few_batches",
             NoFigure::Unanswered => "unanswered",
             NoFigure::Quic => "quic",
+            NoFigure::Udp => "udp",
             NoFigure::Multiplexing => "multiplexing",
             NoFigure::LongBatches => "long_batches",
         }
@@ -436,12 +441,14 @@ mod tests {
         let settings = PirateConfig::default().settings();
         let measure = |span: u32| {
             let eps = Epsilon { span, ..settings.epsilon };
+            // A TCP flow, each gap acknowledging a response.
             let mut st = FlowState::<MODES_COMPACT>::new(1);
-            gaps.iter().for_each(|&g| _ = st.modes.insert(g, false, eps, MODES_COMPACT as u32));
-            let flow = FlowEpoch::from_state(FlowKey::default(), &st);
+            gaps.iter().for_each(|&g| _ = st.modes.insert(g, true, eps, MODES_COMPACT as u32));
+            st.acked_gaps = gaps.len() as u16;
+            let flow = FlowEpoch::from_state(FlowKey { proto: IPPROTO_TCP, ..FlowKey::default() }, &st);
             let modes = flow.modes();
             let settings = Settings { epsilon: eps, ..settings };
-            let (paper, batches) = settings.estimate(0, &modes, true, true);
+            let (paper, batches) = settings.estimate(IPPROTO_TCP, &modes, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
             let report = EpochReport::new(1, vec![flow], Scratch::default(), &settings, Estimator::Batches, false);
             let p99 = report.servers()[0].quantiles[2].estimate_ns;
@@ -603,8 +610,8 @@ mod tests {
 
     /// A figure needs its flow's evidence. One batch is no figure, two are. On TCP, batch ends
     /// that outnumber the gaps that acknowledged new data (by more than 3 %) are not all waits
-    /// for responses: withheld; a UDP flow, with no acknowledgements to count, keeps its figure,
-    /// unless it is QUIC; nor does a TCP client that may multiplex. Batches longer inside than a client paces are withheld. A figure says
+    /// for responses: withheld. A UDP flow, with no acknowledgements to count, has none (QUIC
+    /// says so as its own reason); nor does a TCP client that may multiplex. Batches longer inside than a client paces are withheld. A figure says
     /// what it rests on.
     #[test]
     fn a_figure_needs_evidence_that_its_batches_are_waits() {
@@ -630,7 +637,7 @@ mod tests {
             st.status |= status;
             batches(&FlowEpoch::from_state(FlowKey { proto: IPPROTO_UDP, ..FlowKey::default() }, &st))
         };
-        assert_eq!(udp(0), (Some(100), None, Some(Rule::Break)));
+        assert_eq!(udp(0), (None, Some(NoFigure::Udp), None));
         assert_eq!(udp(QUIC), (None, Some(NoFigure::Quic), None));
         // A client that may multiplex, one acknowledgement a batch or more.
         for acked in [100, 300] {
@@ -641,11 +648,9 @@ mod tests {
         // Two 1.5 ms gaps inside each batch: 3 ms a batch that is neither pacing nor a wait.
         let slow = tcp_epoch(&[(1_500_000, 200), (6_000_000, 100)], 0, 100);
         assert_eq!(batches(&slow), (None, Some(NoFigure::LongBatches), None));
-        let single = Rule::Break.streams(IPPROTO_TCP);
+        let single = Rule::Break.streams();
         assert_eq!((single.in_flight, single.lower, single.upper), (Some(1), 1, Some(1)));
-        let unknown = Rule::Break.streams(IPPROTO_UDP);
-        assert_eq!((unknown.in_flight, unknown.lower, unknown.upper), (None, 1, None));
-        let multiplexed = Rule::HalfLatency.streams(IPPROTO_TCP);
+        let multiplexed = Rule::HalfLatency.streams();
         assert_eq!((multiplexed.in_flight, multiplexed.lower, multiplexed.upper), (None, 2, None));
     }
 

@@ -10,11 +10,11 @@ use std::{
 use anyhow::{Context, Result};
 use pirate_tests::{
     capture::Capture,
-    clients::{h2load, redis_benchmark, wrk, ClientLatency},
+    clients::{dnsperf, h2load, redis_benchmark, wrk, ClientLatency},
     grpc,
     linkem::{EmuLink, LinkSpec},
     quic,
-    servers::{nginx, nginx_h2, nginx_h2_proxy, redis, think_time_http, WEB_FILES},
+    servers::{nginx, nginx_h2, nginx_h2_proxy, redis, think_time_http, unbound, WEB_FILES},
     testbed::{Links, OnePoint, Pirated, IDLE_FLOOR, SERVER_IP, SERVER_IP6, VP_CLIENT_IF},
     webclient::{self, WebRun},
 };
@@ -58,6 +58,8 @@ enum Server {
     Quic {
         service_ms: u64,
     },
+    /// unbound, answering one name from its own zone.
+    Unbound,
 }
 
 #[derive(Clone, Copy)]
@@ -84,6 +86,10 @@ enum Client {
     /// The QUIC client, `in_flight` requests at a time on one connection.
     Quic {
         in_flight: u32,
+    },
+    /// dnsperf, `rate` queries a second on one socket, open loop.
+    Dnsperf {
+        rate: u32,
     },
 }
 
@@ -145,6 +151,10 @@ pub fn all() -> Vec<Case> {
         cases.push(case(name, Server::Nginx { http2: true }, Client::H2load { streams }, Some(5)));
     }
     cases.extend(multiplexed());
+    for delay_ms in [None, Some(5)] {
+        let name = format!("DNS 1 000 queries/s on one socket, {} ms, dnsperf", delay_ms.unwrap_or(0));
+        cases.push(case(name, Server::Unbound, Client::Dnsperf { rate: 1000 }, delay_ms));
+    }
     for pipeline in [4, 16] {
         let name = format!("redis -P {pipeline}, 5 ms, redis-benchmark");
         cases.push(case(name, Server::Redis, Client::RedisBenchmark { pipeline }, Some(5)));
@@ -262,6 +272,7 @@ impl Case {
             Server::ThinkTime(_) => THINK_TIME_PORT,
             Server::Grpc { .. } => GRPC_PORT,
             Server::Quic { .. } => QUIC_PORT,
+            Server::Unbound => 53,
         };
         let ip: IpAddr = if self.ipv6 { SERVER_IP6 } else { SERVER_IP }.parse()?;
         let addr = SocketAddr::new(ip, port);
@@ -273,6 +284,7 @@ impl Case {
                 Some(nginx_h2_proxy(&tb.server, tls, THINK_TIME_PORT)?)
             }
             Server::Redis => Some(redis(&tb.server)?),
+            Server::Unbound => Some(unbound(&tb.server)?),
             Server::ThinkTime(service) => {
                 let service: Vec<_> = service.iter().map(|&(ms, w)| (Duration::from_millis(ms), w)).collect();
                 think_time_http(&tb.server, port, &service, 1)?;
@@ -316,6 +328,7 @@ impl Case {
             Client::Wrk { conns } => wrk(&tb.client, &format!("http://{addr}/small"), conns, duration)?.into(),
             Client::Grpc { in_flight } => grpc::client(&tb.client, addr, in_flight, duration)?.into(),
             Client::Quic { in_flight } => quic::client(&tb.client, addr, in_flight, duration)?.into(),
+            Client::Dnsperf { rate } => dnsperf(&tb.client, &ip.to_string(), rate, duration)?.into(),
         };
         let lines = pirated.stop()?;
         let mut cycle = None;

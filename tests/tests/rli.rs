@@ -577,9 +577,10 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
         // Sampled references' delays reach the live point after them (tens of µs, now and then
         // ms): the flows' groups widen now and then, live reads a little off what replay reads.
         let (within_mean, within_std) = if seg.sampled { (1.0, 1.0) } else { (0.2, 0.5) };
-        // (A packet at an interval's edge may fall in the next in replay: one withheld live, say,
-        // a few at each edge of such an interval.)
-        let same = if seg.sampled { n_r.abs_diff(n) * 200 <= n } else { n_r == n };
+        // (A packet at an interval's edge may fall in the neighbouring one in replay, its capture
+        // stamped a few µs before D's XDP did: with injected references too (2999 of 3000 in one
+        // CI run), with sampled ones more often, where one interval is withheld live, say.)
+        let same = n_r.abs_diff(n) * 200 <= n;
         ensure!(same && err(replayed_mean, rli_mean).abs() < within_mean, "replay against live: {n_r} of {n}");
         ensure!(err(replayed_std, rli_std).abs() < within_std, "replay against live");
     }

@@ -9,6 +9,7 @@
 #![feature(core_intrinsics)]
 #![no_main]
 
+mod bench;
 mod chain;
 mod fridge;
 mod lb;
@@ -17,14 +18,6 @@ mod pirate;
 mod rli;
 mod root;
 mod segment;
-
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-
-/// The baseline of `cargo xtask bench datapath`: an XDP program that only passes.
-#[xdp]
-pub fn bare_pass(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
-}
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -325,10 +325,12 @@ impl Datapath {
             .collect()
     }
 
-    /// Loads the object's bare `XDP_PASS` program (the baseline of the datapath benchmark).
-    pub fn load_bare_pass(&mut self) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
-        let program: &mut Xdp = self.ebpf.program_mut("bare_pass").unwrap().try_into()?;
-        program.load().map_err(|e| verifier_error("bare_pass", e))?;
+    /// Loads one of the object's programs that only the datapath benchmark runs: `bare_pass`
+    /// (its baseline) or a part of the root's work (`bench_clock`, `bench_parse`, …).
+    pub fn load_bench(&mut self, name: &str) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
+        let program: &mut Xdp =
+            self.ebpf.program_mut(name).with_context(|| format!("no program {name} in the object"))?.try_into()?;
+        program.load().map_err(|e| verifier_error(name, e))?;
         Ok(program.fd()?.as_fd())
     }
 

@@ -81,6 +81,16 @@ fn measure(progs: &[BorrowedFd<'_>], frames: &[Vec<u8>], calls: u32, repeat: u32
     Ok([mean(cold, calls as usize), mean(hot, samples)])
 }
 
+/// The benchmark's programs that each do one part of the root's work (`pirate-ebpf`'s
+/// `bench.rs`), and what they do.
+const PARTS: [(&str, &str); 5] = [
+    ("bench_clock", "the clock read"),
+    ("bench_parse", "the context's lookup and the parse"),
+    ("bench_root_parts", "parse, clock, seed, flow hash and id (the root but its calls)"),
+    ("bench_count", "a counter's increment"),
+    ("bench_empty_slots", "7 tail calls into empty slots, and the counter"),
+];
+
 fn main() -> Result<()> {
     let args = Args::parse();
     // The same bytes run again and again: with the retransmission check on, every run after a
@@ -93,7 +103,7 @@ fn main() -> Result<()> {
     let mut dp = Datapath::load(&config.datapath())?;
     let frames: Vec<Vec<u8>> = (0..args.flows).map(frame).collect();
     let root = dp.root_fd()?.try_clone_to_owned()?;
-    let bare = dp.load_bare_pass()?.try_clone_to_owned()?;
+    let bare = dp.load_bench("bare_pass")?.try_clone_to_owned()?;
     let (root, bare) = (root.as_fd(), bare.as_fd());
 
     for f in &frames {
@@ -113,6 +123,12 @@ fn main() -> Result<()> {
     let [cold_pirate, hot_pirate] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
     dp.chain(Capability::Pirate, false)?;
     let [cold_root, hot_root] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
+    // The root's parts, each against the bare program, with every slot empty.
+    let mut parts = Vec::new();
+    for (name, what) in PARTS {
+        let part = dp.load_bench(name)?.try_clone_to_owned()?;
+        parts.push((what, measure(&[part.as_fd(), bare], &frames, args.calls, args.repeat)?));
+    }
     dp.chain(Capability::Pirate, true)?;
     dp.chain(Capability::Fridge, true)?;
 
@@ -135,6 +151,10 @@ fn main() -> Result<()> {
     ] {
         let (p, b) = (m[0], m[1]);
         println!("{name:<60} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
+    }
+    println!("the root's parts, each alone, added to the bare program (one call per packet / same packet {same}):");
+    for (what, [cold, hot]) in &parts {
+        println!("  {what:<58} {:>10.1} {:>10.1}", cold[0] - cold[1], hot[0] - hot[1]);
     }
     println!(
         "memory per flow: id+state {} B; kernel memlock / max_flows {:.1} B; hand-over ring {:.1} B",

@@ -219,7 +219,9 @@ fn multiplexing_clients_have_no_figure_and_say_why() -> Result<()> {
             continue;
         }
         assert!(flows.iter().all(|f| f["estimate_ns"].is_null()), "{what}: a figure: {flows:?}");
-        assert!(said >= 2 && said == flows.len(), "{what}: {said} of {} flow epochs said multiplexing", flows.len());
+        // (An epoch of a lone packet, the connection's last, has no estimate to withhold.)
+        let unsaid = flows.iter().filter(|f| f["no_figure"] != "multiplexing" && f["batches"] != 0).count();
+        assert!(said >= 2 && unsaid == 0, "{what}: {said} of {} flow epochs said multiplexing", flows.len());
         assert!(most >= 1.0, "{what}: pirated_flows_without_figure{{reason=\"multiplexing\"}} never rose");
     }
     Ok(())

@@ -4,11 +4,13 @@
 //! the streams one at a time each time requests exactly as one stream of a faster server would
 //! (docs/method.md), so the estimators must not read its gaps as one request in flight.
 //!
-//! Looked at once per flow, in its first data segment (and the next, while a TLS ClientHello
-//! runs on): the HTTP/2 preface, or `h2` in the ClientHello's ALPN offer. A flow joined after its
-//! handshake hides its offer: TLS records, or data shaped as an HTTP/2 frame, count as
-//! multiplexing. Anything else (HTTP/1, RESP, a database's protocol) keeps the paper's
-//! assumption, one request in flight or requests pipelined in order.
+//! Looked at once per connection, in its first data segment of [`MIN_LOOK`] bytes or more: the
+//! HTTP/2 preface, or `h2` in the ClientHello's ALPN offer; a preamble (the PROXY protocol) or a
+//! payload the frame does not hold hides what follows, and counts as multiplexing. A connection
+//! met after its handshake is judged by the data it is met in: only the start of an HTTP/1
+//! request or a RESP command clears it. Anything else on a connection seen opening (HTTP/1,
+//! RESP, a database's protocol) keeps the paper's assumption, one request in flight or requests
+//! pipelined in order.
 
 use super::flow::FlowState;
 use crate::{
@@ -21,11 +23,19 @@ use crate::{
 pub const OPENED: u8 = 1;
 /// Nothing more to look at.
 pub const KNOWN: u8 = 4;
-/// The client speaks, offers, or (joined late) may speak a protocol that multiplexes requests.
+/// The client speaks, offers, or may speak a protocol that multiplexes requests.
 pub const MULTIPLEXING: u8 = 8;
 
+/// Data segments shorter than this are not judged (a keepalive probe, a hello's first bytes
+/// split off): the next one is.
+const MIN_LOOK: u16 = 6;
 /// HTTP/2's connection preface starts `PRI * HTTP/2.0` (RFC 9113 §3.4).
 const PREFACE: [u8; 4] = *b"PRI ";
+/// The PROXY protocol's headers, version 1 and 2, before the client's own data.
+const PROXY_V1: [u8; 6] = *b"PROXY ";
+const PROXY_V2: [u8; 6] = *b"\r\n\r\n\0\r";
+/// HTTP/1 methods' first four bytes (CONNECT, a tunnel, is not among them).
+const HTTP1: [[u8; 4]; 8] = [*b"GET ", *b"POST", *b"PUT ", *b"HEAD", *b"DELE", *b"OPTI", *b"PATC", *b"TRAC"];
 /// TLS record content types: change_cipher_spec, alert, handshake, application_data.
 const TLS_HANDSHAKE: u8 = 22;
 const TLS_TYPES: core::ops::RangeInclusive<u8> = 20..=23;
@@ -39,16 +49,20 @@ const MAX_NAMES: usize = 8;
 /// Transport headers further into the frame than this are not looked past (none the parser
 /// accepts in practice: Ethernet, two VLAN tags, IPv6 and a few extension headers).
 const MAX_L4_OFF: usize = 256;
-/// HTTP/2's default largest frame (SETTINGS_MAX_FRAME_SIZE) and its last frame type
-/// (CONTINUATION).
-const H2_MAX_FRAME: u32 = 16_384;
-const H2_LAST_TYPE: u8 = 9;
 
-/// Looks at a TCP packet of the flow `st` for what its protocol says, until it is known: one
-/// test of a byte per packet after that.
+/// Looks at a TCP packet of the flow `st` for what its protocol says, until it is known: a test
+/// of the flags and one of a byte per packet after that. A client's SYN starts a connection
+/// afresh on the flow's 5-tuple (a port used again), whose protocol is yet to be seen.
 #[inline(always)]
 pub fn sniff<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, f: &F) {
-    if pkt.key.proto == IPPROTO_TCP && st.protocol & KNOWN == 0 {
+    if pkt.key.proto != IPPROTO_TCP {
+        return;
+    }
+    if pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        st.protocol = OPENED;
+    }
+    // A SYN may carry data too (TCP Fast Open).
+    if st.protocol & KNOWN == 0 && pkt.payload >= MIN_LOOK {
         first_data(st, pkt, f);
     }
 }
@@ -58,16 +72,9 @@ pub fn sniff<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &Pac
 /// and the step after it starts from one.
 #[inline(never)]
 fn first_data<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &PacketCtx, f: &F) {
-    if pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
-        // A SYN may carry data too (TCP Fast Open).
-        st.protocol |= OPENED;
-    }
-    if pkt.payload == 0 {
-        return;
-    }
     let l4 = pkt.l4_off as usize;
     let doff = if l4 <= MAX_L4_OFF { f.read::<u8>(l4 + 12) } else { None };
-    let multiplexing = doff.is_some_and(|d| {
+    let multiplexing = doff.is_none_or(|d| {
         let at = l4 + (d >> 4) as usize * 4;
         multiplexes(f, at, at + pkt.payload as usize, st.protocol & OPENED == 0)
     });
@@ -76,26 +83,33 @@ fn first_data<F: Frame + ?Sized, const M: usize>(st: &mut FlowState<M>, pkt: &Pa
 
 /// Whether a client whose first data seen lies from `at` to `end` may multiplex: the HTTP/2
 /// preface, or a TLS ClientHello that offers `h2`; a TLS record of any other kind (the hello
-/// not seen: its offer is unknown); or, `late` (joined after the handshake), an HTTP/2 frame.
+/// not seen: its offer is unknown), a PROXY protocol header, or data the frame does not hold
+/// (a capture cut short); or, `late` (joined after the handshake), anything but the start of an
+/// HTTP/1 request or a RESP command.
 #[inline(always)]
 fn multiplexes<F: Frame + ?Sized>(f: &F, at: usize, end: usize, late: bool) -> bool {
-    let Some(head) = f.read::<[u8; 6]>(at) else { return false };
+    let Some(head) = f.read::<[u8; 6]>(at) else { return true };
     let tls = head[1] == 3 && head[2] <= 4 && TLS_TYPES.contains(&head[0]);
     if tls && head[0] == TLS_HANDSHAKE && head[5] == CLIENT_HELLO {
         return offers_h2(f, at, end);
     }
-    let preface = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) == u32::from_be_bytes(PREFACE);
-    preface || tls || (late && h2_frame(f, at))
+    let word = [head[0], head[1], head[2], head[3]];
+    if word == PREFACE || tls || head == PROXY_V1 || head == PROXY_V2 {
+        return true;
+    }
+    let digit = |b: u8| b.is_ascii_digit();
+    let resp = head[0] == b'*' && digit(head[1]) && (head[2] == b'\r' || (digit(head[2]) && head[3] == b'\r'));
+    late && !(resp || HTTP1.contains(&word))
 }
 
 /// Whether the ClientHello in the record at `at` offers `h2` in its ALPN extension, or may: an
 /// extension list that runs on past `end` (the segment's) is taken to, since a name may be in the
 /// next segment. Every field is read through [`Frame::chunk`] at offsets the hello's own lengths
-/// give.
+/// give, and none past `end`.
 #[inline(always)]
 fn offers_h2<F: Frame + ?Sized>(f: &F, at: usize, end: usize) -> bool {
-    let u8_at = |p: usize| f.chunk::<1>(p).map(|b| b[0] as usize);
-    let u16_at = |p: usize| f.chunk::<2>(p).map(|b| u16::from_be_bytes(b) as usize);
+    let u8_at = |p: usize| f.chunk::<1>(p).filter(|_| p < end).map(|b| b[0] as usize);
+    let u16_at = |p: usize| f.chunk::<2>(p).filter(|_| p + 2 <= end).map(|b| u16::from_be_bytes(b) as usize);
     // Record header (5), handshake header (4), legacy version (2), random (32).
     let mut p = at + 5 + 4 + 2 + 32;
     let Some(session) = u8_at(p) else { return true };
@@ -111,7 +125,7 @@ fn offers_h2<F: Frame + ?Sized>(f: &F, at: usize, end: usize) -> bool {
         if p >= last {
             return false;
         }
-        let Some(ext) = f.chunk::<4>(p) else { return true };
+        let Some(ext) = f.chunk::<4>(p).filter(|_| p + 4 <= end) else { return true };
         let len = u16::from_be_bytes([ext[2], ext[3]]) as usize;
         if u16::from_be_bytes([ext[0], ext[1]]) == ALPN {
             return alpn_has_h2(f, p + 4 + 2, p + 4 + len, end);
@@ -138,15 +152,6 @@ fn alpn_has_h2<F: Frame + ?Sized>(f: &F, mut p: usize, last: usize, end: usize) 
         p += 1 + name[0] as usize;
     }
     true
-}
-
-/// Whether the data at `at` starts as an HTTP/2 frame header: a length within the default
-/// largest frame, a known type, the reserved bit clear.
-#[inline(always)]
-fn h2_frame<F: Frame + ?Sized>(f: &F, at: usize) -> bool {
-    let Some(h) = f.read::<[u8; 9]>(at) else { return false };
-    let length = u32::from_be_bytes([0, h[0], h[1], h[2]]);
-    length <= H2_MAX_FRAME && h[3] <= H2_LAST_TYPE && h[5] & 0x80 == 0
 }
 
 #[cfg(test)]
@@ -224,6 +229,25 @@ mod tests {
         assert_eq!(after(true, &[b"GET / HTTP/1.1\r\n\r\n", preface]), KNOWN);
         // Nothing yet: a SYN alone, a pure ACK.
         assert_eq!(after(true, &[&[]]), 0);
+        // A preamble hides what follows; so does a payload the frame does not hold (a capture
+        // cut short).
+        assert_eq!(after(true, &[b"PROXY TCP4 10.0.0.1 10.0.0.2 40000 443\r\n"]), KNOWN | MULTIPLEXING);
+        assert_eq!(after(true, &[b"\r\n\r\n\0\r\nQUIT\n\x21\x11\0\x0c"]), KNOWN | MULTIPLEXING);
+        let mut st = FlowState::<MODES_COMPACT>::new(1);
+        let (mut frame, mut pkt) = segment(TCP_ACK, b"GET / HTTP/1.1\r\n\r\n");
+        frame.truncate(frame.len() - 16);
+        pkt.payload += 100;
+        sniff(&mut st, &pkt, &frame[..]);
+        assert_eq!(st.protocol, KNOWN | MULTIPLEXING);
+        // A port used again: the new connection's SYN starts afresh.
+        let mut st = FlowState::<MODES_COMPACT>::new(1);
+        for (flags, data) in
+            [(TCP_SYN, &b""[..]), (TCP_ACK, b"GET / HTTP/1.1\r\n\r\n"), (TCP_SYN, b""), (TCP_ACK, preface)]
+        {
+            let (frame, pkt) = segment(flags, data);
+            sniff(&mut st, &pkt, &frame[..]);
+        }
+        assert_eq!(st.protocol, OPENED | KNOWN | MULTIPLEXING);
         // TCP Fast Open: the hello in the SYN.
         let mut st = FlowState::<MODES_COMPACT>::new(1);
         let (frame, pkt) = segment(TCP_SYN, &client_hello(Some(&["h2"]), 20, 300));

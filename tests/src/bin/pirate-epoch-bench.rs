@@ -54,7 +54,12 @@ const EPOCH: u32 = 1;
 fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
     let params = config.pirate.params(config.max_flows);
     let mut st = FlowState::new(EPOCH);
-    let mut pkt = PacketCtx { payload: 100, tcp_flags: TCP_ACK, ..PacketCtx::default() };
+    // HTTP/1.1 requests (what `pirate` reads of a flow's protocol: its first data) after an
+    // Ethernet, IPv4 and TCP header.
+    let mut frame = vec![0u8; 14 + 20 + 20];
+    frame[14 + 20 + 12] = 5 << 4;
+    frame.extend_from_slice(&[&b"GET / HTTP/1.1\r\n"[..], &[b'x'; 84]].concat());
+    let mut pkt = PacketCtx { payload: 100, tcp_flags: TCP_ACK, l4_off: 34, ..PacketCtx::default() };
     pkt.key.proto = IPPROTO_TCP;
     let mut now = 1_000_000u64;
     let mut seed = 0x9e37_79b9u32.wrapping_mul(t + 1);
@@ -71,7 +76,7 @@ fn template(t: u32, config: &Config) -> FlowState<MODES_COMPACT> {
             now += 20_000 + rand(40_000) as u64;
             pkt.ts_ns = now;
             pkt.seq = pkt.seq.wrapping_add(100);
-            step(&mut st, EPOCH, &pkt, &[][..], &params, |_| {});
+            step(&mut st, EPOCH, &pkt, &frame[..], &params, |_| {});
         }
         now += service + rand(200_000) as u64;
     }

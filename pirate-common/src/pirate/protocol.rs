@@ -142,10 +142,7 @@ fn alpn_has_h2<F: Frame + ?Sized>(f: &F, mut p: usize, last: usize, end: usize) 
         if p >= last {
             return false;
         }
-        if p + 3 > end {
-            return true;
-        }
-        let Some(name) = f.chunk::<3>(p) else { return true };
+        let Some(name) = f.chunk::<3>(p).filter(|_| p + 3 <= end) else { return true };
         if name == [2, b'h', b'2'] {
             return true;
         }
@@ -275,17 +272,23 @@ mod tests {
         assert_eq!(split(&["http/1.1"], 1300, offer + 3), KNOWN);
     }
 
-    /// Joined after the handshake: TLS records hide the offer, and data shaped as an HTTP/2
-    /// frame may be one; HTTP/1 and RESP are neither.
+    /// Joined after the handshake: TLS records hide the offer, and an HTTP/2 frame, or the
+    /// middle of a record or a frame, may be anything; only the start of an HTTP/1 request or a
+    /// RESP command clears the flow. Segments too short to tell (a keepalive probe) wait for
+    /// the next.
     #[test]
     fn a_flow_joined_late_may_multiplex() {
         assert_eq!(after(false, &[&[23, 3, 3, 0, 40, 1, 2, 3]]), KNOWN | MULTIPLEXING);
         let headers = [0, 0, 20, 1, 4, 0, 0, 0, 7, 0x82];
         assert_eq!(after(false, &[&headers]), KNOWN | MULTIPLEXING);
+        assert_eq!(after(false, &[&[0x5a; 1400]]), KNOWN | MULTIPLEXING);
         assert_eq!(after(true, &[&headers]), KNOWN);
         // Opened in view, its hello not seen: the offer is unknown.
         assert_eq!(after(true, &[&[23, 3, 3, 0, 40, 1, 2, 3]]), KNOWN | MULTIPLEXING);
         assert_eq!(after(false, &[b"GET / HTTP/1.1\r\n\r\n"]), KNOWN);
+        assert_eq!(after(false, &[b"*12\r\n$4\r\nMGET\r\n"]), KNOWN);
+        assert_eq!(after(false, &[&[0]]), 0);
+        assert_eq!(after(false, &[&[0], &[23, 3, 3, 0, 40, 1, 2, 3]]), KNOWN | MULTIPLEXING);
         assert_eq!(after(false, &[b"*1\r\n$4\r\nPING\r\n"]), KNOWN);
     }
 }

@@ -321,11 +321,11 @@ pub enum NoFigure {
     /// request, or at all (a sink, a stream of media, a client with many queries outstanding).
     Udp,
     /// The client speaks a protocol that multiplexes requests on the connection (the HTTP/2
-    /// preface; `h2` offered in its TLS ClientHello), or may (joined after the handshake: TLS
-    /// records, HTTP/2 frames), and nothing in its packets tells how many it has in flight:
-    /// streams out of step, groups of them half a cycle apart, or a server that serves them one
-    /// at a time time their requests as one stream of a faster server would
-    /// (`pirate_common::pirate::protocol`).
+    /// preface; `h2` offered in its TLS ClientHello), or may (a preamble, or a connection met
+    /// after its handshake that starts no HTTP/1 request or RESP command), and nothing in its
+    /// packets tells how many it has in flight: streams out of step, groups of them half a
+    /// cycle apart, and streams a server serves one at a time all request as one stream of a
+    /// faster server would (`pirate_common::pirate::protocol`).
     Multiplexing,
     /// More time inside a batch, on average, than a client's pacing takes
     /// ([`Settings::supported`]).
@@ -611,8 +611,8 @@ mod tests {
     /// A figure needs its flow's evidence. One batch is no figure, two are. On TCP, batch ends
     /// that outnumber the gaps that acknowledged new data (by more than 3 %) are not all waits
     /// for responses: withheld. A UDP flow, with no acknowledgements to count, has none (QUIC
-    /// says so as its own reason); nor does a TCP client that may multiplex. Batches longer inside than a client paces are withheld. A figure says
-    /// what it rests on.
+    /// says so as its own reason); nor does a TCP client that may multiplex. Batches longer
+    /// inside than a client paces are withheld. A figure says what it rests on.
     #[test]
     fn a_figure_needs_evidence_that_its_batches_are_waits() {
         let settings = PirateConfig::default().settings();

@@ -37,14 +37,10 @@ use serde_json::Value;
 
 const PORT: u16 = 9000;
 const INTERVAL_NS: i64 = 1_000_000_000;
-/// Packets this close to an interval's edge at either point may fall on the other side of it
-/// in the datapath than in the capture (which stamps a few µs after XDP): their intervals are
-/// left out of the comparison.
-const EDGE_NS: i64 = 20_000;
 /// How much later than XDP a capture may stamp a packet under load: one stamped this soon after
 /// an edge may have been counted before it by the datapath. Such a packet moves the counts of
-/// lost and reordered packets, which are judged against the range it allows, and moves a mean by
-/// about its share of the interval, which the bound on the mean leaves room for.
+/// lost and reordered packets, which are judged against the range it allows, and the means of
+/// the intervals on both sides of the edge by its share of them, which their bounds add.
 const LATE_NS: i64 = 200_000;
 
 /// A point's configuration; `top` goes before the tables.
@@ -68,8 +64,10 @@ struct Truth {
     /// packets up to `LATE_NS` before the captures did.
     lost_range: (u64, u64),
     crossed_range: (u64, u64),
-    /// The captures cannot tell its packets apart from its neighbours': one near its edges at
-    /// either point, or a probe the capture at U missed.
+    /// The delays of packets the datapath may have put on the other side of one of its edges
+    /// at U (stamped by the capture within `LATE_NS` after it): in the interval or out of it.
+    edge_delays: Vec<f64>,
+    /// A capture missed one of its probes: the truth is incomplete.
     unsure: bool,
 }
 
@@ -85,10 +83,6 @@ fn probes(frames: Vec<(u64, Vec<u8>)>, offset: i64) -> HashMap<u64, i64> {
 /// Each interval's truth from the probes' capture times at U and D; `received`, the probes the
 /// receiver got, where it is known.
 fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&HashSet<u64>>) -> BTreeMap<i64, Truth> {
-    let near = |ts: i64| {
-        let into = ts.rem_euclid(INTERVAL_NS);
-        into < EDGE_NS || INTERVAL_NS - into < EDGE_NS
-    };
     let mut out: BTreeMap<i64, Truth> = BTreeMap::new();
     // The intervals the datapath may have stamped a packet in: the capture's, or the one before
     // if the capture stamped it just after an edge.
@@ -110,6 +104,11 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
             None => t.lost += 1,
         }
         let (at_up, at_down) = (options(sent), down.get(seq).map(|&d| options(d)));
+        if let (true, Some(&arrived)) = (at_up.len() > 1, down.get(seq)) {
+            for &i in &at_up {
+                out.entry(i).or_default().edge_delays.push((arrived - sent) as f64);
+            }
+        }
         for &i in &at_up {
             let (sure, t) = (at_up.len() == 1, out.entry(i).or_default());
             match &at_down {
@@ -121,15 +120,6 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
                     t.crossed_range.0 += u64::from(sure && at_down.iter().all(|&d| d > i));
                     t.crossed_range.1 += u64::from(at_down.iter().any(|&d| d > i));
                 }
-            }
-        }
-    }
-    // A packet near an edge at either point may lie on the other side of it in the datapath,
-    // which stamps before the capture: sent in the interval before, or a crosser of it, or not.
-    for &ts in up.values().chain(down.values()) {
-        if near(ts) {
-            for i in [ts / INTERVAL_NS, ts / INTERVAL_NS - 1] {
-                out.entry(i).or_default().unsure = true;
             }
         }
     }
@@ -165,7 +155,8 @@ fn f(v: &Value, path: &[&str]) -> f64 {
 /// How far one interval's figures are from the captures'.
 struct Judged {
     /// Relative errors of the RDA's mean (beyond what the late packets an interval not decoded
-    /// whole leaves out can move it) and std-dev, and of the LDA's mean.
+    /// whole leaves out, and the packets stamped near its edges, can move it) and std-dev, and
+    /// of the LDA's mean.
     mean: f64,
     std: f64,
     lda: f64,
@@ -173,8 +164,9 @@ struct Judged {
 }
 
 /// One reported interval (`what`: live or replayed, for the printout) against the captures:
-/// `None` where they cannot judge it (an unsure truth, or the first and last seconds of a run with a few packets only: in the first, all
-/// may cross into the next, leaving LDA no usable row). Panics if it is unmeasured, or if its
+/// `None` where they cannot judge it (a capture missed a probe, or the first and last seconds of
+/// a run with a few packets only: in the first, all may cross into the next, leaving LDA no
+/// usable row). Panics if it is unmeasured, or if its
 /// RDA miscounted a packet.
 fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judged> {
     let truth = truths.get(&line["interval"].as_i64().unwrap())?;
@@ -185,7 +177,7 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
             line["interval"],
             truth.delays.len(),
             truth.crossed,
-            if truth.unsure { ", a probe near an edge or missed by a capture" } else { "" }
+            if truth.unsure { ", a probe missed by a capture" } else { "" }
         );
         return None;
     }
@@ -227,8 +219,11 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
         let farthest = truth.delays.iter().map(|d| (d - mean).abs()).fold(0.0, f64::max);
         unlisted_share = late * farthest / ((truth.delays.len() as f64 - late) * mean);
     }
+    // The share of the mean that packets on the other side of an edge in the datapath move.
+    let moved = truth.edge_delays.iter().map(|d| (d - mean).abs()).sum::<f64>();
+    let edge_share = moved / ((truth.delays.len() - truth.edge_delays.len()) as f64 * mean);
     Some(Judged {
-        mean: ((rda_mean / mean - 1.0).abs() - unlisted_share).max(0.0),
+        mean: ((rda_mean / mean - 1.0).abs() - unlisted_share - edge_share).max(0.0),
         std: (rda_std / std - 1.0).abs(),
         lda: (lda_mean / mean - 1.0).abs(),
         decoded,

@@ -1,6 +1,6 @@
 //! Indices of the per-CPU packet counters (`COUNTERS` map), one array for every program of the
-//! chain: every packet lands in exactly one outcome (a parse rejection, counted by the root, or
-//! what `pirate` did with it), plus the `EVENT_*` tallies of things that happen beside it.
+//! chain: every packet lands in exactly one outcome (a parse rejection, counted by the program
+//! that parsed it, or what `pirate` did with it), plus the `EVENT_*` tallies of things that happen beside it.
 
 /// The packet's gap went into its flow's modes.
 pub const MEASURED: u32 = 0;

@@ -1,5 +1,6 @@
-//! The per-packet context `pirate_root` writes once (parse, flow hash, timestamp) and every
-//! program of the chain reads, and the chain's slot numbers. Programs never parse a frame again:
+//! The per-packet context the chain's first program that needs it writes once (parse, flow
+//! hash, timestamp) and every later one reads, and the chain's slot numbers. Programs never
+//! parse a frame again:
 //! the verifier keeps nothing across a tail call, so what they share travels in this struct.
 
 use crate::key::{FlowId, FlowKey};
@@ -21,10 +22,14 @@ pub const CHAIN_SLOTS: u32 = 4;
 /// packet after every measuring program, and with all of them empty it passes.
 pub const FORWARD_SLOTS: u32 = 3;
 
-/// `PacketCtx::outcome` of a frame the parser accepted; the others are [`crate::parse::Reject`].
+/// `PacketCtx::outcome` of a frame the parser accepted; the others are [`crate::parse::Reject`]
+/// and [`UNREAD`].
 pub const PARSED: u8 = 0;
+/// `PacketCtx::outcome` of a frame not parsed yet: `pirate_root` marks each packet so, and the
+/// first program of the chain that reads the context parses it.
+pub const UNREAD: u8 = u8::MAX;
 
-/// What `pirate_root` learned of one frame, in the one-entry per-CPU `CTX` map: an XDP run,
+/// What the chain learned of one frame, in the one-entry per-CPU `CTX` map: an XDP run,
 /// tail calls included, ends on its CPU before the next packet starts there. Offsets, not
 /// pointers, into the frame.
 #[repr(C)]
@@ -47,7 +52,7 @@ pub struct PacketCtx {
     pub l4_off: u16,
     /// TCP flags byte (0 for UDP).
     pub tcp_flags: u8,
-    /// [`PARSED`], or why the parser rejected the frame (`Reject as u8`).
+    /// [`PARSED`], or why the parser rejected the frame (`Reject as u8`), or [`UNREAD`].
     pub outcome: u8,
     /// Scratch for a capability program: `pirate` keeps the way of the packet's flow in its set
     /// here, and reads it back as a value the verifier knows nothing of, so that it walks the

@@ -1,5 +1,5 @@
-//! The hashes of the datapath, over 64-bit words: the flow hash the root writes into every
-//! packet's context (and userspace recomputes: one function for both, so a flow lands in the
+//! The hashes of the datapath, over 64-bit words: the flow hash the chain's parse writes into
+//! every packet's context (and userspace recomputes: one function for both, so a flow lands in the
 //! same fridge, bank or backend on either side), the fridges' and Maglev's seeded hashes, the
 //! segment's (SplitMix64, and the reduction to a range without a division), and the digest of an
 //! IPv6 flow's addresses. A leaf: `key` reads its words through these.

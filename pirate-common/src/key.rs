@@ -1,5 +1,5 @@
-//! The flow key every capability shares (the root writes it into the packet context and the
-//! flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
+//! The flow key every capability shares (the chain's parse writes it into the packet context
+//! and the flow hash reads it), and the 16-byte id `pirate`'s flow table keeps in its place.
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -43,8 +43,8 @@ impl FlowKey {
         unsafe { &*(self as *const FlowKey as *const [u64; 5]) }
     }
 
-    /// A 32-bit hash of the whole key under `seed`: what the root writes into every packet's
-    /// context. Five multiplies: the root computes it for every packet.
+    /// A 32-bit hash of the whole key under `seed`: what the chain's parse writes into every
+    /// packet's context. Five multiplies, for every packet.
     #[inline(always)]
     pub fn flow_hash(&self, seed: u64) -> u32 {
         words_hash(seed, self.words())

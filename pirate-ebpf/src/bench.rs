@@ -1,13 +1,14 @@
 //! Programs that only `cargo xtask bench datapath` loads: the bare XDP_PASS baseline, and the
-//! root's parts one at a time, so that its cost can be taken apart (docs/cost.md).
+//! parts of what the root and the chain's first program do, one at a time, so that their cost
+//! can be taken apart (docs/cost.md).
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext};
-use pirate_common::{counters, hash::FLOW_SEED, key::FlowId, parse::parse};
+use pirate_common::{counters, ctx::UNREAD, parse::parse};
 
 use crate::{
     chain,
-    maps::{count, CTX, SEED},
-    root::Packet,
+    maps::{count, CTX},
+    root::{parsed, Packet},
 };
 
 /// The baseline: an XDP program that only passes.
@@ -39,21 +40,17 @@ pub fn bench_parse(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// All the root does before its tail calls: the parse, the clock, the seed's lookup, the flow
-/// hash and id.
+/// What the chain's first program pays once a packet (`root::parsed`): the parse, the clock,
+/// the seed's lookup, the flow hash and id.
 #[xdp]
-pub fn bench_root_parts(ctx: XdpContext) -> u32 {
+pub fn bench_read(ctx: XdpContext) -> u32 {
     let Some(pkt) = CTX.get_ptr_mut(0) else { return xdp_action::XDP_PASS };
     // SAFETY: this CPU's slot.
-    let pkt = unsafe { &mut *pkt };
-    if parse(&Packet(&ctx), pkt).is_ok() {
-        // SAFETY: a helper without arguments.
-        pkt.ts_ns = unsafe { bpf_ktime_get_ns() };
-        let seed = SEED.get(0).copied().unwrap_or(FLOW_SEED);
-        pkt.hash = pkt.key.flow_hash(seed);
-        pkt.id = FlowId::of(&pkt.key, seed);
+    unsafe { (*pkt).outcome = UNREAD };
+    match parsed(&ctx) {
+        Some(_) => xdp_action::XDP_PASS,
+        None => xdp_action::XDP_DROP,
     }
-    xdp_action::XDP_PASS
 }
 
 /// One counter's increment.

@@ -10,24 +10,26 @@ use core::{
 use aya_ebpf::{helpers::bpf_get_prandom_u32, macros::xdp, programs::XdpContext};
 use pirate_common::{
     counters,
-    ctx::CHAIN_FRIDGE,
+    ctx::{PacketCtx, CHAIN_FRIDGE},
     fridge::{packet, Sample, Slot, Store, MAX_FRIDGES},
 };
 
 use crate::{
     chain,
-    maps::{count, CTX, FRIDGE_OFFERED, FRIDGE_SAMPLES, FRIDGE_SHAPE, FRIDGE_SLOTS},
+    maps::{count, FRIDGE_OFFERED, FRIDGE_SAMPLES, FRIDGE_SHAPE, FRIDGE_SLOTS},
+    root::parsed,
 };
 
 #[xdp]
 pub fn fridge(ctx: XdpContext) -> u32 {
-    step();
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    step(pkt);
     chain::from(&ctx, CHAIN_FRIDGE + 1)
 }
 
 #[inline(always)]
-fn step() {
-    let (Some(pkt), Some(shape)) = (CTX.get(0), FRIDGE_SHAPE.get(0)) else { return };
+fn step(pkt: &PacketCtx) {
+    let Some(shape) = FRIDGE_SHAPE.get(0) else { return };
     packet(shape, pkt, &mut Maps, |sample| {
         count(match FRIDGE_SAMPLES.output::<Sample>(&sample, 0) {
             Ok(()) => counters::EVENT_FRIDGE_SAMPLE_SENT,

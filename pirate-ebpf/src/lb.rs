@@ -11,14 +11,14 @@ use aya_ebpf::{
 };
 use pirate_common::{
     counters,
-    ctx::{PacketCtx, PARSED},
+    ctx::PacketCtx,
     lb::{ipip_header, ring_index, LbShape, VipKey, EGRESS_KERNEL, IPIP_HEADER},
     parse::Frame,
 };
 
 use crate::{
-    maps::{count, CTX, LB_CONNS, LB_COUNTERS, LB_HALVES, LB_REALS, LB_RINGS, LB_SHAPE, LB_VIPS},
-    root::Packet,
+    maps::{count, LB_CONNS, LB_COUNTERS, LB_HALVES, LB_REALS, LB_RINGS, LB_SHAPE, LB_VIPS},
+    root::{parsed, Packet},
 };
 
 const ETH_HEADER: usize = 14;
@@ -27,10 +27,8 @@ const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
 
 #[xdp]
 pub fn pirate_lb(ctx: XdpContext) -> u32 {
-    let Some(pkt) = CTX.get(0) else { return xdp_action::XDP_PASS };
-    let Some(vip) = (pkt.outcome == PARSED).then(|| VipKey::of(&pkt.key)).flatten() else {
-        return xdp_action::XDP_PASS;
-    };
+    let Some(pkt) = parsed(&ctx) else { return xdp_action::XDP_PASS };
+    let Some(vip) = VipKey::of(&pkt.key) else { return xdp_action::XDP_PASS };
     // SAFETY: a value pirated writes once, before the VIP is live.
     let Some(&number) = (unsafe { LB_VIPS.get(&vip) }) else { return xdp_action::XDP_PASS };
     match send(&ctx, pkt, number) {

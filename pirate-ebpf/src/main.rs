@@ -1,7 +1,7 @@
-//! pirated's XDP programs. `pirate_root` attaches to the interface, parses each frame once and
-//! tail-calls the enabled capabilities (`rli`, `pirate`, `fridge`, `segment`) in `CHAIN` order, then the forwarder
-//! slots
-//! (Katran's balancer or the built-in `pirate_lb`), then passes.
+//! pirated's XDP programs. `pirate_root` attaches to the interface and tail-calls the enabled
+//! capabilities (`rli`, `pirate`, `fridge`, `segment`) in `CHAIN` order, then the forwarder
+//! slots (Katran's balancer or the built-in `pirate_lb`), then passes; the first of them that
+//! reads the packet's context parses the frame into it, once.
 //! Measuring programs never drop or alter a packet (but `rli`'s reference packets, which the
 //! upstream point sent to the downstream one): every failure is counted and passed on.
 #![no_std]

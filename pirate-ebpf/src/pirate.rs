@@ -22,31 +22,35 @@ use pirate_common::{
 
 use crate::{
     chain,
-    maps::{count, CONFIG, CTX, EPOCH, FLOWS, FLOWS_WIDE, PIRATE_FLOW, RECORDS, V6_NAMES},
-    root::Packet,
+    maps::{count, CONFIG, EPOCH, FLOWS, FLOWS_WIDE, PIRATE_FLOW, RECORDS, V6_NAMES},
+    root::{parsed, Packet},
 };
 
 #[xdp]
 pub fn pirate(ctx: XdpContext) -> u32 {
-    measure(&ctx, &FLOWS);
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    measure(&ctx, pkt, &FLOWS);
     chain::from(&ctx, CHAIN_PIRATE + 1)
 }
 
 #[xdp]
 pub fn pirate_wide(ctx: XdpContext) -> u32 {
-    measure(&ctx, &FLOWS_WIDE);
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    measure(&ctx, pkt, &FLOWS_WIDE);
     chain::from(&ctx, CHAIN_PIRATE + 1)
 }
 
 #[xdp]
 pub fn pirate_flow(ctx: XdpContext) -> u32 {
-    enter(&FLOWS);
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    enter(pkt, &FLOWS);
     chain::from(&ctx, CHAIN_PIRATE)
 }
 
 #[xdp]
 pub fn pirate_flow_wide(ctx: XdpContext) -> u32 {
-    enter(&FLOWS_WIDE);
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    enter(pkt, &FLOWS_WIDE);
     chain::from(&ctx, CHAIN_PIRATE)
 }
 
@@ -72,12 +76,9 @@ fn set<const M: usize>(flows: &Array<Set<M>>, index: u32) -> Option<&'static mut
 }
 
 #[inline(always)]
-fn find<const M: usize>(flows: &Array<Set<M>>) -> Option<Found<'static, M>> {
-    let pkt = CTX.get_ptr_mut(0)?;
+fn find<const M: usize>(pkt: &'static mut PacketCtx, flows: &Array<Set<M>>) -> Option<Found<'static, M>> {
     let params = CONFIG.get(0)?;
     let epoch = EPOCH.get(0).copied().unwrap_or(0);
-    // SAFETY: per-CPU context, written by the root for this packet.
-    let pkt = unsafe { &mut *pkt };
     let (a, b) = sets_of(pkt.hash, params.table_sets);
     let id = pkt.id;
     // Indices, not references, out of the choice: see `set`.
@@ -100,8 +101,8 @@ fn state<'a, const M: usize>(pkt: &mut PacketCtx, set: &'a mut Set<M>, way: usiz
 }
 
 #[inline(always)]
-fn measure<const M: usize>(ctx: &XdpContext, flows: &Array<Set<M>>) {
-    let Some(f) = find(flows) else { return count(counters::MAP_FULL) };
+fn measure<const M: usize>(ctx: &XdpContext, pkt: &'static mut PacketCtx, flows: &Array<Set<M>>) {
+    let Some(f) = find(pkt, flows) else { return count(counters::MAP_FULL) };
     if !measures(f.pkt) {
         return count(counters::UNSUPPORTED);
     }
@@ -152,8 +153,8 @@ fn insert<const M: usize>(flows: &Array<Set<M>>, f: Found<'_, M>) {
 /// Puts the packet's flow into the table, or rolls it over to the current epoch
 /// (`pirate_flow`).
 #[inline(always)]
-fn enter<const M: usize>(flows: &Array<Set<M>>) {
-    let Some(f) = find(flows) else { return };
+fn enter<const M: usize>(pkt: &'static mut PacketCtx, flows: &Array<Set<M>>) {
+    let Some(f) = find(pkt, flows) else { return };
     if f.way >= WAYS {
         return insert(flows, f);
     }

@@ -16,20 +16,21 @@ use aya_ebpf::{
 };
 use pirate_common::{
     counters,
-    ctx::CHAIN_RLI,
+    ctx::{PacketCtx, CHAIN_RLI},
     key::FlowKey,
     rli::{flow::RliFlow, packet, reference::Window, Flows, Reference, References, Taken, Verdict, RING},
 };
 
 use crate::{
     chain,
-    maps::{count, CTX, RLI_FLOWS, RLI_REFS, RLI_SHAPE, RLI_TAKEN, RLI_WINDOW},
-    root::Packet,
+    maps::{count, RLI_FLOWS, RLI_REFS, RLI_SHAPE, RLI_TAKEN, RLI_WINDOW},
+    root::{parsed, Packet},
 };
 
 #[xdp]
 pub fn rli(ctx: XdpContext) -> u32 {
-    match step(&ctx) {
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    match step(&ctx, pkt) {
         Verdict::Regular => chain::from(&ctx, CHAIN_RLI + 1),
         Verdict::Sampled => {
             count(counters::EVENT_RLI_SAMPLED);
@@ -53,8 +54,8 @@ pub fn rli(ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn step(ctx: &XdpContext) -> Verdict {
-    let (Some(pkt), Some(shape)) = (CTX.get(0), RLI_SHAPE.get(0)) else { return Verdict::Regular };
+fn step(ctx: &XdpContext, pkt: &PacketCtx) -> Verdict {
+    let Some(shape) = RLI_SHAPE.get(0) else { return Verdict::Regular };
     // SAFETY: a helper without arguments.
     let tai = || unsafe { bpf_ktime_get_tai_ns() };
     packet(shape, pkt, &Packet(ctx), tai, &mut Maps, &mut Maps)

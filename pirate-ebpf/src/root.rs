@@ -1,6 +1,7 @@
-//! `pirate_root`, the program attached to the interface: parses the frame once into the
-//! per-CPU `CTX`, then starts the chain. A frame the parser rejects is counted and skips the
-//! measuring programs, but still reaches the forwarders.
+//! `pirate_root`, the program attached to the interface, which starts the chain, and the
+//! frame's parse into the per-CPU `CTX` that the first program needing it runs, once a packet. A
+//! frame the parser rejects is counted and skips the measuring programs, but still reaches the
+//! forwarders.
 
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, generated::bpf_xdp_load_bytes},
@@ -9,7 +10,7 @@ use aya_ebpf::{
 };
 use pirate_common::{
     counters,
-    ctx::PARSED,
+    ctx::{PacketCtx, PARSED, UNREAD},
     hash::FLOW_SEED,
     key::FlowId,
     parse::{parse, Frame, Reject},
@@ -44,13 +45,36 @@ impl Frame for Packet<'_> {
     }
 }
 
+/// Starts the chain. It only marks this CPU's context unread: the parse, the clock read and
+/// the flow's hash are paid by the first program that needs them ([`parsed`]), so an
+/// interface with every slot empty pays only the tail calls.
 #[xdp]
 pub fn pirate_root(ctx: XdpContext) -> u32 {
     // A one-entry array always has entry 0; the check is for the verifier.
     let Some(pkt) = CTX.get_ptr_mut(0) else { return chain::forward(&ctx) };
     // SAFETY: this CPU's slot; nothing else runs on it until this packet leaves the chain.
-    let pkt = unsafe { &mut *pkt };
-    let parsed = parse(&Packet(&ctx), pkt);
+    unsafe { (*pkt).outcome = UNREAD };
+    chain::from(&ctx, 0)
+}
+
+/// This packet's context, read on the first call of the chain (see [`pirate_root`]): parsed,
+/// stamped, its flow hashed. `None` for a frame the parser rejects (counted once, by the call
+/// that parsed it): the caller skips the measuring programs and goes to the forwarders.
+#[inline(always)]
+pub fn parsed(ctx: &XdpContext) -> Option<&'static mut PacketCtx> {
+    // SAFETY: this CPU's slot, as in the root.
+    let pkt = unsafe { &mut *CTX.get_ptr_mut(0)? };
+    if pkt.outcome == UNREAD {
+        read(ctx, pkt);
+    }
+    (pkt.outcome == PARSED).then_some(pkt)
+}
+
+/// The parse, the arrival time and the flow's hash and id, or the rejection counted.
+#[inline(always)]
+fn read(ctx: &XdpContext, pkt: &mut PacketCtx) {
+    let parsed = parse(&Packet(ctx), pkt);
+    // SAFETY: a helper without arguments.
     pkt.ts_ns = unsafe { bpf_ktime_get_ns() };
     match parsed {
         Ok(()) => {
@@ -58,7 +82,6 @@ pub fn pirate_root(ctx: XdpContext) -> u32 {
             pkt.hash = pkt.key.flow_hash(seed);
             pkt.id = FlowId::of(&pkt.key, seed);
             pkt.outcome = PARSED;
-            chain::from(&ctx, 0)
         }
         Err(reject) => {
             pkt.outcome = reject as u8;
@@ -67,7 +90,6 @@ pub fn pirate_root(ctx: XdpContext) -> u32 {
                 Reject::Malformed => counters::MALFORMED,
                 Reject::Unsupported => counters::UNSUPPORTED,
             });
-            chain::forward(&ctx)
         }
     }
 }

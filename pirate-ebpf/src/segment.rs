@@ -5,26 +5,27 @@
 use aya_ebpf::{helpers::bpf_ktime_get_tai_ns, macros::xdp, programs::XdpContext};
 use pirate_common::{
     counters,
-    ctx::CHAIN_SEGMENT,
+    ctx::{PacketCtx, CHAIN_SEGMENT},
     identity::identity,
     segment::{lda::LdaCell, packet, rda::RdaBucket, CacheEntry, Cached, Seen, Store},
 };
 
 use crate::{
     chain,
-    maps::{count, CTX, SEGMENT_CACHE, SEGMENT_LDA, SEGMENT_RDA, SEGMENT_SEEN, SEGMENT_SHAPE},
-    root::Packet,
+    maps::{count, SEGMENT_CACHE, SEGMENT_LDA, SEGMENT_RDA, SEGMENT_SEEN, SEGMENT_SHAPE},
+    root::{parsed, Packet},
 };
 
 #[xdp]
 pub fn segment(ctx: XdpContext) -> u32 {
-    step(&ctx);
+    let Some(pkt) = parsed(&ctx) else { return chain::forward(&ctx) };
+    step(&ctx, pkt);
     chain::from(&ctx, CHAIN_SEGMENT + 1)
 }
 
 #[inline(always)]
-fn step(ctx: &XdpContext) {
-    let (Some(pkt), Some(shape)) = (CTX.get(0), SEGMENT_SHAPE.get(0)) else { return };
+fn step(ctx: &XdpContext, pkt: &PacketCtx) {
+    let Some(shape) = SEGMENT_SHAPE.get(0) else { return };
     if shape.interval_ns == 0 {
         return;
     }

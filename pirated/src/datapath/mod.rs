@@ -326,7 +326,8 @@ impl Datapath {
     }
 
     /// Loads one of the object's programs that only the datapath benchmark runs: `bare_pass`
-    /// (its baseline) or a part of the root's work (`bench_clock`, `bench_parse`, …).
+    /// (its baseline) or a part of the work of the root and of the chain's first program
+    /// (`bench_clock`, `bench_parse`, …).
     pub fn load_bench(&mut self, name: &str) -> anyhow::Result<std::os::fd::BorrowedFd<'_>> {
         let program: &mut Xdp =
             self.ebpf.program_mut(name).with_context(|| format!("no program {name} in the object"))?.try_into()?;

@@ -81,12 +81,12 @@ fn measure(progs: &[BorrowedFd<'_>], frames: &[Vec<u8>], calls: u32, repeat: u32
     Ok([mean(cold, calls as usize), mean(hot, samples)])
 }
 
-/// The benchmark's programs that each do one part of the root's work (`pirate-ebpf`'s
-/// `bench.rs`), and what they do.
+/// The benchmark's programs that each do one part of the work of the root and of the chain's
+/// first program (`pirate-ebpf`'s `bench.rs`), and what they do.
 const PARTS: [(&str, &str); 5] = [
     ("bench_clock", "the clock read"),
     ("bench_parse", "the context's lookup and the parse"),
-    ("bench_root_parts", "parse, clock, seed, flow hash and id (the root but its calls)"),
+    ("bench_read", "the first program's read: parse, clock, flow hash and id"),
     ("bench_count", "a counter's increment"),
     ("bench_empty_slots", "7 tail calls into empty slots, and the counter"),
 ];
@@ -123,7 +123,7 @@ fn main() -> Result<()> {
     let [cold_pirate, hot_pirate] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
     dp.chain(Capability::Pirate, false)?;
     let [cold_root, hot_root] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
-    // The root's parts, each against the bare program, with every slot empty.
+    // The parts, each against the bare program, with every slot empty.
     let mut parts = Vec::new();
     for (name, what) in PARTS {
         let part = dp.load_bench(name)?.try_clone_to_owned()?;
@@ -152,7 +152,7 @@ fn main() -> Result<()> {
         let (p, b) = (m[0], m[1]);
         println!("{name:<60} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
     }
-    println!("the root's parts, each alone, added to the bare program (one call per packet / same packet {same}):");
+    println!("the parts of the root's and the first program's work, each alone, added to the bare program (one call per packet / same packet {same}):");
     for (what, [cold, hot]) in &parts {
         println!("  {what:<58} {:>10.1} {:>10.1}", cold[0] - cold[1], hot[0] - hot[1]);
     }

@@ -15,7 +15,7 @@ APT_PACKAGES=(
     llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22
     bpftool iproute2 ethtool iptables tcpdump wireshark-common
     iputils-ping netcat-openbsd nginx wrk redis-server redis-tools curl iperf3
-    nghttp2-client unbound dnsutils dnsperf python3-grpcio python3-venv
+    nghttp2-client unbound dnsutils dnsperf python3-grpcio python3-venv netsniff-ng
     prometheus systemd libcap2-bin util-linux
 )
 missing=()

@@ -166,13 +166,14 @@ pub fn lb_config(backends: usize, extra: &str) -> String {
     )
 }
 
-fn attach_xdp(ns: &Netns, ifname: &str, object: &Path) -> Result<()> {
+/// Attaches `object`'s `xdp` section to `ifname` in native (driver) mode.
+pub fn attach_xdp(ns: &Netns, ifname: &str, object: &Path) -> Result<()> {
     ns.ip(&["link", "set", "dev", ifname, "xdpdrv", "obj", object.to_str().context("path")?, "sec", "xdp"]).map(drop)
 }
 
 /// Compiles this crate's `bpf/<name>.c` into `out_dir/<name>.o` (clang, as Katran's balancer is
 /// built).
-fn build_xdp(out_dir: &Path, name: &str) -> Result<PathBuf> {
+pub fn build_xdp(out_dir: &Path, name: &str) -> Result<PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("bpf/{name}.c"));
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let object = out_dir.join(format!("{name}.o"));

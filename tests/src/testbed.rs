@@ -204,6 +204,12 @@ impl Pirated {
     /// Starts pirated on `iface` in `ns` with `config` (TOML text, `interface` and `metrics.listen`
     /// are set here) and waits until it has attached.
     pub fn start(ns: &Netns, iface: &str, config: &str) -> Result<Pirated> {
+        Pirated::start_with_output(ns, iface, config, "json")
+    }
+
+    /// [`Pirated::start`] with `--output output`: `prometheus` prints no line per flow, for
+    /// benchmarks that must not spend a CPU on them.
+    pub fn start_with_output(ns: &Netns, iface: &str, config: &str, output: &str) -> Result<Pirated> {
         let bin = workspace_binary("pirated")?;
         let dir = std::env::temp_dir().join(format!("pirated-test-{}-{}", std::process::id(), ns.name()));
         std::fs::create_dir_all(&dir)?;
@@ -217,7 +223,7 @@ impl Pirated {
                 "--config",
                 cfg_path.to_str().unwrap(),
                 "--output",
-                "json",
+                output,
                 "--listen",
                 &listen,
             ])

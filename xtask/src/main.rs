@@ -131,6 +131,14 @@ enum Bench {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Packets per second per core on a veth pair in native XDP, driven by trafgen: a bare
+    /// XDP_PASS against pirated's chain, a bare XDP_TX against `pirate_lb` and Katran's
+    /// balancer. Needs root; about 1 minute a run.
+    Wire {
+        /// Extra arguments for the benchmark binary (see its --help), e.g. `--runs 3`.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
 }
 
 fn cargo(args: &[&str]) -> Command {
@@ -224,6 +232,7 @@ fn main() -> Result<()> {
         Task::Bench { which: Bench::Rda { args } } => bench("pirate-rda-bench", &[], &args),
         Task::Bench { which: Bench::Rli { args } } => bench("pirate-rli-bench", &["pirated", "pirate-linkem"], &args),
         Task::Bench { which: Bench::Lb { args } } => bench("pirate-lb-bench", &["pirated"], &args),
+        Task::Bench { which: Bench::Wire { args } } => bench("pirate-wire-bench", &["pirated"], &args),
     }
 }
 

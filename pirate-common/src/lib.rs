@@ -19,3 +19,4 @@ pub mod parse;
 pub mod pirate;
 pub mod rli;
 pub mod segment;
+pub mod zero;

@@ -5,6 +5,7 @@
 use crate::{
     ctx::PacketCtx,
     key::{FlowKey, FAMILY_V4, FAMILY_V6},
+    zero::zero,
 };
 
 /// Bytes of a frame, read with bounds checks. The XDP implementation checks against
@@ -81,7 +82,8 @@ fn be16<F: Frame + ?Sized>(f: &F, off: usize) -> Option<u16> {
 /// the kernel it is a per-CPU slot still holding the previous packet.
 #[inline(always)]
 pub fn parse<F: Frame + ?Sized>(f: &F, ctx: &mut PacketCtx) -> Result<(), Reject> {
-    *ctx = PacketCtx::default();
+    // SAFETY: plain data, whose zero is every field's "unset".
+    unsafe { zero(ctx) };
     let mut off = 12;
     let mut ethertype = be16(f, off).ok_or(Reject::Malformed)?;
     off += 2;

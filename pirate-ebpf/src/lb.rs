@@ -3,6 +3,8 @@
 //! live ring (`pirate_common::lb`); it leaves IPIP-encapsulated towards that real, which answers
 //! the client directly (DSR). Everything else passes untouched.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     bindings::{bpf_fib_lookup, xdp_action},
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
@@ -14,6 +16,7 @@ use pirate_common::{
     ctx::PacketCtx,
     lb::{ipip_header, ring_index, LbShape, VipKey, EGRESS_KERNEL, IPIP_HEADER},
     parse::Frame,
+    zero::zero,
 };
 
 use crate::{
@@ -94,8 +97,13 @@ fn egress(ctx: &XdpContext, shape: &LbShape, dst: [u8; 4], inner_len: u16, tos: 
         count(counters::EVENT_LB_ROUTED);
         return xdp_action::XDP_PASS;
     }
+    // Zeroed in place: a zeroed value moved into it came out of LLVM a byte loop again.
+    let mut fib = MaybeUninit::<bpf_fib_lookup>::uninit();
     // SAFETY: plain data; zero is every field's "unset".
-    let mut fib: bpf_fib_lookup = unsafe { core::mem::zeroed() };
+    let fib = unsafe {
+        zero(fib.as_mut_ptr());
+        fib.assume_init_mut()
+    };
     fib.family = AF_INET;
     fib.l4_protocol = 4;
     fib.__bindgen_anon_1.tot_len = inner_len.saturating_add(IPIP_HEADER as u16);
@@ -105,7 +113,7 @@ fn egress(ctx: &XdpContext, shape: &LbShape, dst: [u8; 4], inner_len: u16, tos: 
     let ingress = ctx.ingress_ifindex() as u32;
     fib.ifindex = ingress;
     // SAFETY: a live context and a lookup struct of the size passed.
-    let ret = unsafe { fib_lookup(ctx.ctx as *mut _, &mut fib, size_of::<bpf_fib_lookup>() as i32, 0) };
+    let ret = unsafe { fib_lookup(ctx.ctx as *mut _, fib, size_of::<bpf_fib_lookup>() as i32, 0) };
     let mut macs = [0u8; 12];
     macs[..6].copy_from_slice(&fib.dmac);
     macs[6..].copy_from_slice(&fib.smac);

@@ -81,6 +81,7 @@ pub const CRATES: &[Layers] = &[
             ("key", 0, Shared),
             ("ctx", 0, Shared),
             ("parse", 0, Shared),
+            ("zero", 0, Shared),
             ("pirate", 1, Capability),
             ("fridge", 1, Capability),
             ("segment", 1, Capability),

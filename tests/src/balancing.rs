@@ -150,10 +150,9 @@ impl Balanced {
         Ok(pirated)
     }
 
-    /// `pirated`'s `FORWARD`, by its root: it runs under `ip netns exec`, in a mount namespace of
-    /// its own.
+    /// `pirated`'s `FORWARD` (see [`Pirated::forward`]).
     pub fn forward(&self, pirated: &Pirated) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), self.lb.name()))
+        pirated.forward(&self.lb)
     }
 }
 

@@ -275,6 +275,12 @@ impl Pirated {
         self.child.id()
     }
 
+    /// Its `FORWARD` slots' pin, by its root: it runs in `ns` under `ip netns exec`, in a mount
+    /// namespace of its own.
+    pub fn forward(&self, ns: &Netns) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", self.pid(), ns.name()))
+    }
+
     /// JSON lines received so far.
     pub fn lines(&self) -> Vec<Value> {
         self.lines.lock().unwrap().clone()

@@ -104,11 +104,6 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
             None => t.lost += 1,
         }
         let (at_up, at_down) = (options(sent), down.get(seq).map(|&d| options(d)));
-        if let (true, Some(&arrived)) = (at_up.len() > 1, down.get(seq)) {
-            for &i in &at_up {
-                out.entry(i).or_default().edge_delays.push((arrived - sent) as f64);
-            }
-        }
         for &i in &at_up {
             let (sure, t) = (at_up.len() == 1, out.entry(i).or_default());
             match &at_down {
@@ -119,6 +114,9 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
                 Some(at_down) => {
                     t.crossed_range.0 += u64::from(sure && at_down.iter().all(|&d| d > i));
                     t.crossed_range.1 += u64::from(at_down.iter().any(|&d| d > i));
+                    if !sure {
+                        t.edge_delays.push((down[seq] - sent) as f64);
+                    }
                 }
             }
         }

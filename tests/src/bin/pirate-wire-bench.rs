@@ -30,8 +30,8 @@ struct Args {
     /// Seconds each program is measured, after a second of warm-up.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Flows the generator cycles through (source ports).
-    #[arg(long, default_value_t = 65536)]
+    /// Flows the generator cycles through: source ports from 1024, so at most 64 000.
+    #[arg(long, default_value_t = 64_000, value_parser = clap::value_parser!(u32).range(1..=64_000))]
     flows: u32,
     /// Runs of the whole table.
     #[arg(long, default_value_t = 1)]
@@ -94,16 +94,10 @@ impl Wire {
         Ok((stat("rx_queue_0_xdp_packets")?, stat("rx_queue_0_xdp_tx")? + stat("rx_queue_0_xdp_tx_errors")?))
     }
 
-    /// Runs the device end's NAPI in a thread of its own, on `cpu`; returns the thread's pid.
-    fn napi_thread(&self, cpu: usize) -> Result<u32> {
-        napi_thread(&self.dut, DUT_IF, cpu)
-    }
-
     /// trafgen on CPU 0, sending `flows` flows' segments to `dst`:`port` as fast as it can.
     fn generate(&self, dir: &Path, flows: u32, dst: &str, port: u16) -> Result<Child> {
         let conf = dir.join(format!("{dst}.trafgen"));
-        let mac = |m: &str| m.to_string();
-        let last = 1024 + flows.clamp(1, 64_000) - 1;
+        let last = 1024 + flows - 1;
         // A client→server segment of 100 bytes; each packet the next source port (flow) and a
         // later sequence number, so that `pirate` measures it rather than skip it as a
         // retransmission.
@@ -112,8 +106,7 @@ impl Wire {
             format!(
                 "{{\n  eth(da={}, sa={}, type=0x0800),\n  ipv4(saddr={CLIENT_NET}.0.1, daddr={dst}, ttl=64),\n  \
                  tcp(sp=dinc(1024, {last}), dp={port}, seq=dinc(), ack, psh, win=1024),\n  fill(0x41, 100)\n}}\n",
-                mac(&self.dut_mac),
-                mac(&self.gen_mac)
+                self.dut_mac, self.gen_mac
             ),
         )?;
         let child = self
@@ -147,12 +140,19 @@ fn napi_thread(ns: &Netns, ifname: &str, cpu: usize) -> Result<u32> {
         Ok(found.is_some())
     })?;
     let pid = found.context("NAPI thread")?;
+    pin(&["-p"], pid, cpu)?;
+    Ok(pid)
+}
+
+/// `taskset <how> -c cpu pid`: `-p` one thread, `-a -p` every thread of a process.
+fn pin(how: &[&str], pid: u32, cpu: usize) -> Result<()> {
     let pinned = std::process::Command::new("taskset")
-        .args(["-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .args(how)
+        .args(["-c", &cpu.to_string(), &pid.to_string()])
         .stdout(Stdio::null())
         .status()?;
-    ensure!(pinned.success(), "taskset could not pin the NAPI thread {pid} to CPU {cpu}");
-    Ok(pid)
+    ensure!(pinned.success(), "taskset {how:?} could not pin {pid} to CPU {cpu}");
+    Ok(())
 }
 
 /// CPU time a thread has run, from /proc.
@@ -179,7 +179,7 @@ struct Rate {
 fn measure(wire: &Wire, dir: &Path, args: &Args, dst: &str, port: u16) -> Result<Rate> {
     let cpus = std::thread::available_parallelism()?.get();
     ensure!(cpus >= 2, "the benchmark pins the generator and the device end to CPUs of their own: needs 2 CPUs");
-    let napi = wire.napi_thread(cpus - 1)?;
+    let napi = napi_thread(&wire.dut, DUT_IF, cpus - 1)?;
     let mut gen = wire.generate(dir, args.flows, dst, port)?;
     std::thread::sleep(Duration::from_secs(1));
     if let Some(status) = gen.try_wait()? {
@@ -231,16 +231,8 @@ fn forwarder_up(pirated: &Pirated, ns: &Netns) -> Result<()> {
 /// on CPU 0 with the generator: the device end's core runs the XDP programs only.
 fn start_pirated(wire: &Wire, lb: &str) -> Result<Pirated> {
     let pirated = Pirated::start_with_output(&wire.dut, DUT_IF, lb, "prometheus")?;
-    let pinned = std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &pirated.pid().to_string()])
-        .stdout(Stdio::null())
-        .status()?;
-    ensure!(pinned.success(), "taskset could not pin pirated to CPU 0");
+    pin(&["-a", "-p"], pirated.pid(), 0)?;
     Ok(pirated)
-}
-
-fn forward_pin(pirated: &Pirated, ns: &Netns) -> PathBuf {
-    PathBuf::from(format!("/proc/{}/root/sys/fs/bpf/pirated/{}/FORWARD", pirated.pid(), ns.name()))
 }
 
 fn main() -> Result<()> {
@@ -282,7 +274,7 @@ fn main() -> Result<()> {
         let katran = Katran::load(&katran_object)?;
         katran.set_default_router_mac(wire.gen.mac_octets(GEN_IF)?)?;
         let mut pirated = start_pirated(&wire, &lb_section("katran"))?;
-        katran.register(&forward_pin(&pirated, &wire.dut), 2)?;
+        katran.register(&pirated.forward(&wire.dut), 2)?;
         forwarder_up(&pirated, &wire.dut)?;
         record("the chain + Katran's balancer, IPIP, XDP_TX", measure(&wire, &dir, &args, VIP, 80)?);
         pirated.stop()?;
@@ -296,7 +288,7 @@ fn main() -> Result<()> {
     println!(
         "wire benchmark: trafgen on CPU 0, the device end's NAPI thread on CPU {}, {} flows, {} s a program, {} run(s)",
         std::thread::available_parallelism()?.get() - 1,
-        args.flows.min(64_000),
+        args.flows,
         args.seconds,
         args.runs
     );

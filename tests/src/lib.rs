@@ -11,6 +11,7 @@ pub mod katran_server;
 pub mod linkem;
 pub mod netns;
 pub mod pairs;
+pub mod pping;
 pub mod quic;
 pub mod rli;
 pub mod servers;

@@ -69,7 +69,8 @@ enum Task {
 #[derive(Subcommand)]
 enum Bench {
     /// Per-packet cost of `pirate` vs a bare XDP_PASS program (BPF_PROG_TEST_RUN) with 64 K flows
-    /// in the table, and the memory per tracked flow. Needs root.
+    /// in the table, and the memory per tracked flow; `-- --pping <pping_kern.o>` runs ePPing's
+    /// XDP program beside them on the same packets. Needs root.
     Datapath {
         /// Extra arguments for the benchmark binary (see its --help).
         #[arg(trailing_var_arg = true)]

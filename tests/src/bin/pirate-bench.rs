@@ -3,15 +3,17 @@
 //! alone (every capability slot empty), with `pirate` chained, and with `pirate` and `fridge`
 //! (the packets are no requests of its classes: its cost to other traffic), with the flow table
 //! already holding 64 K flows; the memory each tracked flow costs and each program's verifier
-//! work.
+//! work. With `--pping`, ePPing's XDP program runs beside them on the same packets.
 
 use std::{
     os::fd::{AsFd, BorrowedFd},
+    path::PathBuf,
     time::Duration,
 };
 
 use anyhow::{bail, Result};
 use clap::Parser;
+use pirate_tests::pping::Pping;
 use pirated::{
     config::Config,
     datapath::{test_run::test_run, Capability, Datapath},
@@ -30,27 +32,36 @@ struct Args {
     /// Repetitions per call in the repeated-packet pass.
     #[arg(long, default_value_t = 2000)]
     repeat: u32,
+    /// ePPing's BPF object (`pping_kern.o`, built in xdp-project/bpf-examples' `pping/` by its
+    /// own Makefile): its XDP ingress program runs beside the chain on the same packets, with
+    /// `pping`'s default configuration.
+    #[arg(long)]
+    pping: Option<PathBuf>,
 }
 
-/// A client→server TCP segment with 100 bytes of payload; flow `i` differs in source address
-/// and port.
+/// A client→server TCP segment with 100 bytes of payload and the timestamp option (as Linux
+/// sends them, and what ePPing matches on); flow `i` differs in source address and port.
 fn frame(i: u32) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 20 + 100];
+    let mut f = vec![0u8; 14 + 20 + 32 + 100];
     f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
     f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     let ip = &mut f[14..34];
     ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&140u16.to_be_bytes());
+    ip[2..4].copy_from_slice(&152u16.to_be_bytes());
     ip[8] = 64;
     ip[9] = 6;
     ip[12..16].copy_from_slice(&[10, 100 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
     ip[16..20].copy_from_slice(&[10, 99, 0, 1]);
-    let tcp = &mut f[34..54];
+    let tcp = &mut f[34..66];
     tcp[0..2].copy_from_slice(&(20000 + (i % 40000) as u16).to_be_bytes());
     tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
-    tcp[12] = 5 << 4;
+    tcp[12] = 8 << 4;
     tcp[13] = 0x18; // PSH|ACK
+                    // NOP, NOP, timestamps: TSval, TSecr.
+    tcp[20..24].copy_from_slice(&[1, 1, 8, 10]);
+    tcp[24..28].copy_from_slice(&(1_000_000 + i).to_be_bytes());
+    tcp[28..32].copy_from_slice(&(500_000 + i).to_be_bytes());
     f
 }
 
@@ -106,10 +117,15 @@ fn main() -> Result<()> {
     let bare = dp.load_bench("bare_pass")?.try_clone_to_owned()?;
     let (root, bare) = (root.as_fd(), bare.as_fd());
 
+    let pping = args.pping.as_deref().map(Pping::load).transpose()?;
+    // Each program's flow state filled before measuring: every flow seen once.
+    let chain_and_peer: Vec<BorrowedFd<'_>> = [root].into_iter().chain(pping.iter().map(|p| p.fd().as_fd())).collect();
     for f in &frames {
-        let verdict = test_run(root, f, 1, &mut [])?.verdict;
-        if verdict != 2 {
-            bail!("the chain returned {verdict}, not XDP_PASS");
+        for &prog in &chain_and_peer {
+            let verdict = test_run(prog, f, 1, &mut [])?.verdict;
+            if verdict != 2 {
+                bail!("a program under test returned {verdict}, not XDP_PASS");
+            }
         }
     }
     // The epoch drain over the full table (pirated does this once per epoch).
@@ -118,7 +134,7 @@ fn main() -> Result<()> {
     let tracked = records.drain(0, Vec::new())?.tracked;
     let drain = started.elapsed();
 
-    let [cold, hot] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
+    let [cold, hot] = measure(&[&[root, bare][..], &chain_and_peer[1..]].concat(), &frames, args.calls, args.repeat)?;
     dp.chain(Capability::Fridge, false)?;
     let [cold_pirate, hot_pirate] = measure(&[root, bare], &frames, args.calls, args.repeat)?;
     dp.chain(Capability::Pirate, false)?;
@@ -151,6 +167,18 @@ fn main() -> Result<()> {
     ] {
         let (p, b) = (m[0], m[1]);
         println!("{name:<60} {p:>10.1} {b:>10.1} {:>10.1} {:>7.2}", p - b, p / b);
+    }
+    if pping.is_some() {
+        println!("peers on the same packets (ns added to the bare program; ratio to the bare program, and to pirated's chain):");
+        for (name, m) in [("one call per packet", &cold), ("same packet", &hot)] {
+            let (chain, bare, peer) = (m[0], m[1], m[2]);
+            println!(
+                "  ePPing's XDP ingress, {name:<19} {peer:>10.1} ns {:>10.1} added {:>7.2} x bare {:>7.2} x pirated",
+                peer - bare,
+                peer / bare,
+                peer / chain
+            );
+        }
     }
     println!("the parts of the root's and the first program's work, each alone, added to the bare program (one call per packet / same packet {same}):");
     for (what, [cold, hot]) in &parts {

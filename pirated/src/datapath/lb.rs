@@ -130,6 +130,12 @@ impl LbMaps {
             .with_context(|| format!("registering pirate_lb in FORWARD slot {position}"))
     }
 
+    /// Pins `FORWARD` at `path`, where another balancer (Katran) registers itself, as it does in
+    /// the daemon's pin directory: for a datapath loaded without one (benchmarks).
+    pub fn pin_forward(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.forward.pin(path).with_context(|| format!("pinning FORWARD at {}", path.display()))
+    }
+
     /// The id of the program in `FORWARD` slot `position`, if one is registered there.
     pub fn forwarder_program(&self, position: u32) -> anyhow::Result<Option<u32>> {
         let Map::ProgramArray(forward) = &self.forward else {

@@ -21,7 +21,7 @@ use pirate_common::{
 
 use crate::{
     maps::{count, LB_CONNS, LB_COUNTERS, LB_HALVES, LB_REALS, LB_RINGS, LB_SHAPE, LB_VIPS},
-    root::{parsed, Packet},
+    root::{parsed_to_forward, Packet},
 };
 
 const ETH_HEADER: usize = 14;
@@ -30,7 +30,7 @@ const BPF_FIB_LKUP_RET_SUCCESS: i64 = 0;
 
 #[xdp]
 pub fn pirate_lb(ctx: XdpContext) -> u32 {
-    let Some(pkt) = parsed(&ctx) else { return xdp_action::XDP_PASS };
+    let Some(pkt) = parsed_to_forward(&ctx) else { return xdp_action::XDP_PASS };
     let Some(vip) = VipKey::of(&pkt.key) else { return xdp_action::XDP_PASS };
     // SAFETY: a value pirated writes once, before the VIP is live.
     let Some(&number) = (unsafe { LB_VIPS.get(&vip) }) else { return xdp_action::XDP_PASS };

@@ -54,15 +54,9 @@ impl Mapped {
         unsafe { self.base.as_ptr().add(i * self.stride) as *mut T }
     }
 
-    /// A copy of entry `i`: the datapath may be writing it meanwhile.
-    pub fn read<T: Copy>(&self, i: usize) -> T {
-        // SAFETY: an aligned entry inside the mapping; the callers' types take any bit pattern.
-        unsafe { std::ptr::read_volatile(self.at(i)) }
-    }
-
     /// Overwrites entry `i`.
     pub fn write<T: Copy>(&self, i: usize, v: T) {
-        // SAFETY: as in `read`.
+        // SAFETY: an aligned entry inside the mapping.
         unsafe { std::ptr::write_volatile(self.at(i), v) }
     }
 }

@@ -1,13 +1,17 @@
 //! `pirate`'s flow table as pirated sees it: the kernel's mmapable array of sets
-//! (`pirate_common::pirate::table`), mapped into the daemon and read in place a set at a time,
-//! where a hash table had to be copied out entry by entry.
+//! (`pirate_common::pirate::table`), mapped into the daemon and read in place: a set's ids, then
+//! the states of the flows measured in the epoch, where a hash table had to be copied out entry
+//! by entry.
 
 use std::io;
 
 use aya::maps::MapData;
 use pirate_common::{
     key::{FlowId, FlowKey},
-    pirate::table::{sets_of, Set},
+    pirate::{
+        flow::{FlowState, ACTIVE},
+        table::{sets_of, Set, WAYS},
+    },
 };
 
 use super::mmap::Mapped;
@@ -38,10 +42,25 @@ impl FlowTable {
         FlowId::of(key, self.seed)
     }
 
-    /// A copy of set `i`. The datapath may be writing it meanwhile: a flow's copy can be torn
-    /// (see `FlowEpoch::is_consistent`).
-    pub fn read<const M: usize>(&self, i: usize) -> Set<M> {
-        self.sets.read(i)
+    /// The ids of set `i`'s ways (family 0: empty).
+    pub fn ids<const M: usize>(&self, i: usize) -> [FlowId; WAYS] {
+        // SAFETY: an aligned set inside the mapping; any bit pattern is a valid id.
+        unsafe { std::ptr::read_volatile(&raw const (*self.sets.at::<Set<M>>(i)).ids) }
+    }
+
+    /// A copy of the state in way `w` of set `i` if it holds packets of `epoch`, as its epoch
+    /// and status, read first, say: a flow idle in the epoch costs the drain those two words,
+    /// not its whole state. The datapath may be writing it meanwhile: the copy can be torn (see
+    /// `FlowEpoch::is_consistent`) or have moved on to the next epoch.
+    pub fn measured<const M: usize>(&self, i: usize, w: usize, epoch: u32) -> Option<FlowState<M>> {
+        // SAFETY: a place inside the mapping, not read.
+        let state = unsafe { &raw const (*self.sets.at::<Set<M>>(i)).states[w] };
+        // SAFETY: aligned fields of a state inside the mapping; any bit pattern is valid.
+        let (at, status) = unsafe {
+            (std::ptr::read_volatile(&raw const (*state).epoch), std::ptr::read_volatile(&raw const (*state).status))
+        };
+        // SAFETY: as above, the whole state.
+        (at == epoch && status & ACTIVE != 0).then(|| unsafe { std::ptr::read_volatile(state) })
     }
 
     /// Flows in the table now, counted from the ids alone (a cache line per set).

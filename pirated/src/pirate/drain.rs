@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use pirate_common::{
     key::{FlowId, FlowKey, FAMILY_V6},
-    pirate::{flow::EpochRecord, table::WAYS},
+    pirate::flow::EpochRecord,
     with_modes,
 };
 
@@ -137,17 +137,13 @@ fn drain<const M: usize>(
             take::<M>(ring, closed, &mut records)?;
         }
         starts.push(flows.len() as u32);
-        let set = table.read::<M>(i);
-        for w in 0..WAYS {
-            let (id, state) = (&set.ids[w], &set.states[w]);
+        for (w, id) in table.ids::<M>(i).iter().enumerate() {
             if id.family == 0 {
                 continue;
             }
             tracked += 1;
-            if !state.measured(closed) {
-                continue;
-            }
-            match names.key(id, closed).map(|key| FlowEpoch::from_state(key, state)) {
+            let Some(state) = table.measured::<M>(i, w, closed).filter(|s| s.measured(closed)) else { continue };
+            match names.key(id, closed).map(|key| FlowEpoch::from_state(key, &state)) {
                 Some(flow) if flow.is_consistent() => flows.push(flow),
                 Some(_) => inconsistent += 1,
                 None => unnamed += 1,

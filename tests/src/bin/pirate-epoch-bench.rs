@@ -41,6 +41,10 @@ struct Args {
     /// the median of the others.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..))]
     epochs: u32,
+    /// The share of the table's flows with packets in the epoch drained; the others were last
+    /// active in the one before (a table of long-lived connections, most of them idle).
+    #[arg(long, default_value_t = 1.0)]
+    active: f64,
 }
 
 /// Distinct per-flow traffic shapes; flows reuse them under their own keys.
@@ -119,10 +123,11 @@ fn main() -> Result<()> {
     let base = Config::default();
     let templates: Vec<FlowState<MODES_COMPACT>> = (0..TEMPLATES).map(|t| template(t, &base)).collect();
     println!(
-        "epoch benchmark: {} servers, {} gaps in {} modes per flow (template 0); {} CPUs",
+        "epoch benchmark: {} servers, {} gaps in {} modes per flow (template 0), {:.0} % of the flows active; {} CPUs",
         args.servers,
         templates[0].packets().saturating_sub(1),
         templates[0].modes.len,
+        args.active * 100.0,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
@@ -147,6 +152,9 @@ fn main() -> Result<()> {
         // drain); the table's spare quarter stays empty.
         let mut records = Records::take(&mut dp)?;
         let table = records.maps().table();
+        // Every flow whose spread index falls below the share is active.
+        let active = |i: u32| (i.wrapping_mul(0x9e37_79b9) as f64) < args.active * u32::MAX as f64;
+        let measured = (0..n).filter(|&i| active(i)).count();
         for i in 0..(n as usize).div_ceil(WAYS) {
             let flow = |w: usize| (i * WAYS + w) as u32;
             let set = Set::<MODES_COMPACT> {
@@ -154,7 +162,13 @@ fn main() -> Result<()> {
                     true => table.id(&key(flow(w), args.servers)),
                     false => FlowId::default(),
                 }),
-                states: std::array::from_fn(|w| templates[(flow(w) % TEMPLATES) as usize]),
+                states: std::array::from_fn(|w| {
+                    let mut state = templates[(flow(w) % TEMPLATES) as usize];
+                    if !active(flow(w)) {
+                        state.epoch = EPOCH - 1;
+                    }
+                    state
+                }),
             };
             table.write(i, &set);
         }
@@ -172,8 +186,8 @@ fn main() -> Result<()> {
             let started = Instant::now();
             let drained = records.drain(EPOCH, flows)?;
             let drain = ms(started);
-            if drained.flows.len() != n as usize {
-                bail!("drained {} flows of {n}", drained.flows.len());
+            if drained.flows.len() != measured {
+                bail!("drained {} flows of {measured}", drained.flows.len());
             }
             let kernel = Kernel::new(counters, &drained);
             let started = Instant::now();

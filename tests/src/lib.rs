@@ -13,6 +13,7 @@ pub mod netns;
 pub mod pairs;
 pub mod pping;
 pub mod quic;
+pub mod removed;
 pub mod rli;
 pub mod servers;
 pub mod testbed;

@@ -9,16 +9,15 @@
 //! aya parses (`llvm-objcopy --rename-section`) and the benchmark never loads them; everything
 //! else is as built.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::Path, process::Command};
 
 use anyhow::{ensure, Context, Result};
 use aya::{
     programs::{ProgramFd, Xdp},
     Ebpf, EbpfLoader,
 };
+
+use crate::removed::Removed;
 
 /// The program the benchmark runs: ePPing's ingress path for XDP.
 const PROGRAM: &str = "pping_xdp_ingress";
@@ -55,7 +54,8 @@ impl Pping {
     /// Loads `object` (ePPing's `pping_kern.o`) with its default configuration.
     pub fn load(object: &Path) -> Result<Pping> {
         ensure!(object.is_file(), "no ePPing object at {}", object.display());
-        let copy = Copy(std::env::temp_dir().join(format!("pirate-pping-{}.o", std::process::id())));
+        // The renamed copy, removed once loaded.
+        let copy = Removed(std::env::temp_dir().join(format!("pirate-pping-{}.o", std::process::id())));
         let out = Command::new(OBJCOPY)
             .args(RENAMED.iter().flat_map(|r| ["--rename-section", r]))
             .arg(object)
@@ -79,14 +79,5 @@ impl Pping {
 
     pub fn fd(&self) -> &ProgramFd {
         &self.prog
-    }
-}
-
-/// The stripped copy, removed when done.
-struct Copy(PathBuf);
-
-impl Drop for Copy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }

@@ -10,7 +10,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     io::{self, BufWriter, Read, Write},
     net::SocketAddrV4,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, ExitStatus, Stdio},
     sync::{
         atomic::{AtomicU32, Ordering},
@@ -23,6 +23,7 @@ use anyhow::{anyhow, ensure, Context, Result};
 use pirate_tests::{
     capture::{Capture, Pcap, PcapFormat, Record, Tcp4, LINKTYPE_ETHERNET, PCAP_HEADER_LEN, RECORD_HEADER_LEN},
     linkem::LinkSpec,
+    removed::Removed,
     servers::nginx,
     testbed::{exit_within_polling, workspace_binary, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
 };
@@ -97,28 +98,18 @@ fn run_live() -> Result<Live> {
     Ok(Live { kernel, pcap: std::fs::read(capture.path())? })
 }
 
-/// A file in the temporary directory, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    /// A path for a file a tool will write.
-    fn reserve(ext: &str) -> TempFile {
-        static COUNT: AtomicU32 = AtomicU32::new(0);
-        let n = COUNT.fetch_add(1, Ordering::Relaxed);
-        TempFile(std::env::temp_dir().join(format!("pirate-replay-{}-{n}.{ext}", std::process::id())))
-    }
-
-    fn with(ext: &str, bytes: &[u8]) -> Result<TempFile> {
-        let file = TempFile::reserve(ext);
-        std::fs::write(&file.0, bytes)?;
-        Ok(file)
-    }
+/// A path in the temporary directory for a file a tool will write, removed when dropped.
+fn reserve(ext: &str) -> Removed {
+    static COUNT: AtomicU32 = AtomicU32::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    Removed(std::env::temp_dir().join(format!("pirate-replay-{}-{n}.{ext}", std::process::id())))
 }
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+/// A file holding `bytes`, removed when dropped.
+fn temp_file(ext: &str, bytes: &[u8]) -> Result<Removed> {
+    let file = reserve(ext);
+    std::fs::write(&file.0, bytes)?;
+    Ok(file)
 }
 
 /// What `pirated replay` reads: a file, or what a writer thread puts on its standard input.
@@ -177,7 +168,7 @@ fn replay(input: Input, config: &str, limit: Duration) -> Result<Run> {
 /// Runs pirated with `args` and `--config` `config` (TOML) on `input`, killing it once `limit`
 /// has passed.
 fn run_pirated(args: &[&std::ffi::OsStr], input: Input, config: &str, limit: Duration) -> Result<Run> {
-    let cfg = TempFile::with("toml", config.as_bytes())?;
+    let cfg = temp_file("toml", config.as_bytes())?;
     let start = Instant::now();
     let mut child = Command::new(workspace_binary("pirated")?)
         .args(args)
@@ -271,8 +262,8 @@ fn differs(reference: &Run, run: &Run) -> Result<Option<String>> {
 }
 
 /// The capture at `path` rewritten as pcapng by Wireshark's editcap.
-fn editcap_pcapng(path: &Path) -> Result<TempFile> {
-    let out = TempFile::reserve("pcapng");
+fn editcap_pcapng(path: &Path) -> Result<Removed> {
+    let out = reserve("pcapng");
     let status = Command::new("editcap")
         .args(["-F", "pcapng"])
         .arg(path)
@@ -347,7 +338,7 @@ fn with_fcs(pcap: &Pcap) -> Pcap {
 fn replay_of_a_capture_matches_the_kernel() -> Result<()> {
     let live = live();
     let kernel = by_flow(&live.kernel);
-    let file = TempFile::with("pcap", &live.pcap)?;
+    let file = temp_file("pcap", &live.pcap)?;
     let lines = replay(Input::File(&file.0), CONFIG, QUICK)?.succeeded()?.lines()?;
     let replayed = by_flow(&lines);
 
@@ -387,7 +378,7 @@ fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
     let live = live();
     let pcap = Pcap::parse(&live.pcap)?;
     ensure!(pcap.link_type == LINKTYPE_ETHERNET && pcap.format.nanos, "tcpdump wrote {:?}", pcap.format);
-    let original = TempFile::with("pcap", &live.pcap)?;
+    let original = temp_file("pcap", &live.pcap)?;
     let reference = replay(Input::File(&original.0), CONFIG, QUICK)?.succeeded()?;
     ensure!(reference.lines()?.iter().any(|v| v["type"] == "flow"), "the capture replays to no flow");
 
@@ -410,7 +401,7 @@ fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
     let pcapng = editcap_pcapng(&original.0)?;
     check("pcapng (editcap)", &reference, replay(Input::File(&pcapng.0), CONFIG, QUICK)?)?;
     for (name, bytes) in variants {
-        let file = TempFile::with("pcap", &bytes)?;
+        let file = temp_file("pcap", &bytes)?;
         check(name, &reference, replay(Input::File(&file.0), CONFIG, QUICK)?)?;
     }
     let stdin = replay(Input::Stdin(Box::new(|w| w.write_all(&live.pcap))), CONFIG, QUICK)?;
@@ -427,8 +418,7 @@ fn every_capture_format_replays_to_the_same_figures() -> Result<()> {
         ("µs timestamps", whole_us.clone(), Pcap { format: PcapFormat { nanos: false, ..pcap.format }, ..whole_us }),
     ];
     for (name, ethernet, variant) in pairs {
-        let (ethernet, variant) =
-            (TempFile::with("pcap", &ethernet.to_bytes()?)?, TempFile::with("pcap", &variant.to_bytes()?)?);
+        let (ethernet, variant) = (temp_file("pcap", &ethernet.to_bytes()?)?, temp_file("pcap", &variant.to_bytes()?)?);
         let reference = replay(Input::File(&ethernet.0), CONFIG, QUICK)?.succeeded()?;
         ensure!(reference.lines()?.iter().any(|v| v["type"] == "flow"), "{name}: the reference replays to no flow");
         check(name, &reference, replay(Input::File(&variant.0), CONFIG, QUICK)?)?;
@@ -450,7 +440,7 @@ fn corrupt_and_distant_timestamps_neither_abort_nor_allocate() -> Result<()> {
     let mut five = pcap.map(pcap.link_type, |r| r.tcp4().is_some().then(|| r.clone()));
     five.records.truncate(5);
     five.records[2].ts_ns += FAR_NS;
-    let file = TempFile::with("pcap", &five.to_bytes()?)?;
+    let file = temp_file("pcap", &five.to_bytes()?)?;
     let run = replay(Input::File(&file.0), SHORT_EPOCHS, QUICK)?.succeeded()?;
     let summary = run.summary()?;
     eprintln!("five records, one far ahead: {summary} in {:?}", run.elapsed);
@@ -460,12 +450,12 @@ fn corrupt_and_distant_timestamps_neither_abort_nor_allocate() -> Result<()> {
 
     // A request in the middle of the live capture stamped decades ahead: only its flow changes,
     // by that one packet.
-    let clean = replay(Input::File(&TempFile::with("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?;
+    let clean = replay(Input::File(&temp_file("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?;
     let mid = (n / 2..n).find(|&i| pcap.records[i].tcp4().is_some_and(|t| t.payload > 0)).context("no request")?;
     let client = pcap.records[mid].tcp4().unwrap().source.to_string();
     let mut corrupt = pcap.clone();
     corrupt.records[mid].ts_ns += FAR_NS;
-    let run = replay(Input::File(&TempFile::with("pcap", &corrupt.to_bytes()?)?.0), CONFIG, QUICK)?.succeeded()?;
+    let run = replay(Input::File(&temp_file("pcap", &corrupt.to_bytes()?)?.0), CONFIG, QUICK)?.succeeded()?;
     let summary = run.summary()?;
     eprintln!("record {mid} of {n} far ahead: {summary}");
     assert_eq!((summary["frames"].as_u64(), summary["complete"].as_bool()), (Some(n as u64), Some(true)), "{summary}");
@@ -484,7 +474,7 @@ fn corrupt_and_distant_timestamps_neither_abort_nor_allocate() -> Result<()> {
     // first only in the first half, the last only in the second) measured, in constant memory.
     let mut apart = pcap.clone();
     apart.records[n / 2..].iter_mut().for_each(|r| r.ts_ns += DAY_NS);
-    let run = replay(Input::File(&TempFile::with("pcap", &apart.to_bytes()?)?.0), SHORT_EPOCHS, QUICK)?.succeeded()?;
+    let run = replay(Input::File(&temp_file("pcap", &apart.to_bytes()?)?.0), SHORT_EPOCHS, QUICK)?.succeeded()?;
     let summary = run.summary()?;
     eprintln!("halves a day apart: {summary} in {:?}, peak {} KiB", run.elapsed, run.max_rss_kib);
     assert_eq!((summary["frames"].as_u64(), summary["complete"].as_bool()), (Some(n as u64), Some(true)), "{summary}");
@@ -557,7 +547,7 @@ fn replay_segment_keeps_memory_flat_before_the_upstream_capture_starts() -> Resu
     down.records =
         (0..ALONE).map(|i| at(requests[(i % requests.len() as u64) as usize], start + i * INTERVAL_NS)).collect();
     down.records.extend(shared(1_000_000));
-    let (up, down) = (TempFile::with("pcap", &up.to_bytes()?)?, TempFile::with("pcap", &down.to_bytes()?)?);
+    let (up, down) = (temp_file("pcap", &up.to_bytes()?)?, temp_file("pcap", &down.to_bytes()?)?);
     let args: [&std::ffi::OsStr; 7] = [
         "replay-segment".as_ref(),
         "--tai-offset".as_ref(),
@@ -587,8 +577,7 @@ fn truncated_capture_reports_what_it_read_then_fails() -> Result<()> {
     let boundary =
         PCAP_HEADER_LEN + pcap.records[..kept].iter().map(|r| RECORD_HEADER_LEN + r.data.len()).sum::<usize>();
     let cut = boundary + RECORD_HEADER_LEN + pcap.records[kept].data.len() / 2;
-    let (whole, truncated) =
-        (TempFile::with("pcap", &live.pcap[..boundary])?, TempFile::with("pcap", &live.pcap[..cut])?);
+    let (whole, truncated) = (temp_file("pcap", &live.pcap[..boundary])?, temp_file("pcap", &live.pcap[..cut])?);
 
     let run = replay(Input::File(&truncated.0), CONFIG, QUICK)?;
     eprintln!("cut at byte {cut}: {}; stderr: {}", run.status, run.stderr.trim());
@@ -618,7 +607,7 @@ fn a_capture_with_nothing_to_measure_fails() -> Result<()> {
     };
     let format = PcapFormat { big_endian: false, nanos: true, fcs_len: 0 };
     let pcap = Pcap { format, link_type: LINKTYPE_ETHERNET, snaplen: 256, records: (0..FRAMES).map(arp).collect() };
-    let run = replay(Input::File(&TempFile::with("pcap", &pcap.to_bytes()?)?.0), CONFIG, QUICK)?;
+    let run = replay(Input::File(&temp_file("pcap", &pcap.to_bytes()?)?.0), CONFIG, QUICK)?;
     eprintln!("{}; stderr: {}", run.status, run.stderr.trim());
     assert!(!run.status.success(), "a capture with nothing to measure replayed successfully");
     assert!(run.stderr.contains("nothing measured"), "stderr: {}", run.stderr);
@@ -637,8 +626,7 @@ fn a_two_gigabyte_capture_replays_in_constant_memory() -> Result<()> {
     const BYTES: u64 = 2 << 30;
     let live = live();
     let pcap = Pcap::parse(&live.pcap)?;
-    let reference =
-        replay(Input::File(&TempFile::with("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?.summary()?;
+    let reference = replay(Input::File(&temp_file("pcap", &live.pcap)?.0), CONFIG, QUICK)?.succeeded()?.summary()?;
     let (first, last) = (pcap.records[0].ts_ns, pcap.records.last().unwrap().ts_ns);
     let period = last - first + 1_000_000;
     // Each TCP segment with the number of its connection in the capture.
@@ -724,7 +712,7 @@ fn udp_flows_have_no_figure_and_say_why() -> Result<()> {
         }
         let format = PcapFormat { big_endian: false, nanos: true, fcs_len: 0 };
         let pcap = Pcap { format, link_type: LINKTYPE_ETHERNET, snaplen: 65_535, records };
-        let file = TempFile::with("pcap", &pcap.to_bytes()?)?;
+        let file = temp_file("pcap", &pcap.to_bytes()?)?;
         let lines = replay(Input::File(&file.0), "epoch = \"1s\"\n", QUICK)?.succeeded()?.lines()?;
         Ok(lines.into_iter().filter(|v| v["type"] == "flow").collect())
     };

@@ -21,6 +21,7 @@ use pirate_tests::{
     katran::{build_balancer, Katran},
     netns::Netns,
     pping::Pping,
+    removed::Removed,
 };
 use pirated::{
     config::Config,
@@ -87,8 +88,8 @@ fn frame(i: u32, dst: Ipv4Addr) -> Vec<u8> {
     tcp[0..2].copy_from_slice(&(20000 + (i % 40000) as u16).to_be_bytes());
     tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
     tcp[12] = 8 << 4;
-    tcp[13] = 0x18; // PSH|ACK
-                    // NOP, NOP, timestamps: TSval, TSecr.
+    // PSH|ACK; options: NOP, NOP, timestamps (TSval, TSecr).
+    tcp[13] = 0x18;
     tcp[20..24].copy_from_slice(&[1, 1, 8, 10]);
     tcp[24..28].copy_from_slice(&(1_000_000 + i).to_be_bytes());
     tcp[28..32].copy_from_slice(&(500_000 + i).to_be_bytes());
@@ -307,8 +308,8 @@ fn forwarders(
     for (id, real) in &indexed {
         katran.set_real(*id, *real)?;
     }
-    katran.fill_ring(0, &[1, 2, 3, 4])?;
-    let pin = Pin(PathBuf::from(format!("/sys/fs/bpf/pirate-bench-forward-{}", std::process::id())));
+    katran.fill_ring(0, &indexed.iter().map(|&(id, _)| id).collect::<Vec<_>>())?;
+    let pin = Removed(PathBuf::from(format!("/sys/fs/bpf/pirate-bench-forward-{}", std::process::id())));
     lb.pin_forward(&pin.0)?;
 
     let frames: Vec<Vec<u8>> = (0..args.flows).map(|i| frame(i, VIP)).collect();
@@ -355,14 +356,5 @@ fn pin_to_last_cpu() -> Result<()> {
     match ok {
         true => Ok(()),
         false => bail!("pinning the benchmark's thread to CPU {last}: {}", std::io::Error::last_os_error()),
-    }
-}
-
-/// A pin removed when done.
-struct Pin(PathBuf);
-
-impl Drop for Pin {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }

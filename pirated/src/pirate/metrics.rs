@@ -142,7 +142,7 @@ impl Metrics {
         registry.register("flows_active", "Flows with packets in the last epoch", m.flows_active.clone());
         registry.register(
             "flows_without_figure",
-            "Flows of the last epoch whose figure from the configured estimator was withheld, by reason (below_round_trip: shorter than the handshake's round trip allows; interleaved: multiplexed streams out of step; few_batches: one batch; unanswered: on TCP, more batches than gaps that acknowledged new data; long_batches: more time inside a batch than a client paces; quic: requests in flight unknown; udp: nothing says responses arrived; multiplexing: a TCP client of a protocol that multiplexes requests, HTTP/2 or gRPC, requests in flight unknown); their servers' figures leave them out",
+            "Flows of the last epoch whose figure from the configured estimator was withheld, by reason (below_round_trip: shorter than the handshake's round trip allows; interleaved: multiplexed streams out of step; few_batches: one batch; unanswered: on TCP, more batches than gaps that acknowledged new data; long_batches: more time inside a batch than a client paces; ambiguous: on TCP, waits the break missed or multiplexed streams, whose figures disagree; quic: requests in flight unknown; udp: nothing says responses arrived; multiplexing: a TCP client of a protocol that multiplexes requests, HTTP/2 or gRPC, requests in flight unknown); their servers' figures leave them out",
             m.flows_without_figure.clone(),
         );
         // Every reason's series from the start, at 0, so that a query finds it before the first.

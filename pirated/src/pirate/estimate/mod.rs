@@ -50,7 +50,8 @@ pub struct Settings {
     /// A multiplexed flow's figure is withheld ([`NoFigure::Interleaved`]) when its gaps from a
     /// tenth to a half of its latency hold more than this share of its time: the most by which
     /// the estimate can be too high, from cycles of its streams split three ways or more
-    /// ([`batches::half_latency`]); 1: never.
+    /// ([`batches::half_latency`]); 1: never. Also how far that count may lie from the reading
+    /// of one request in flight before it is withheld as [`NoFigure::Ambiguous`].
     pub multiplexed_short_share: f64,
     /// Alg. 2's ε and span cap: modes closer than ε form the chains the estimators read.
     pub epsilon: Epsilon,
@@ -108,7 +109,8 @@ impl Settings {
         let (paper, batches) = self.estimate(flow.key.proto, modes, paper, batches || paper);
         let floor = self.round_trip_floor * flow.handshake_rtt_ns as f64 - self.round_trip_slack_ns;
         let halves = OnceCell::new();
-        let half = || *halves.get_or_init(|| self.multiplexed_figure(modes, floor).map(|h| (h, Rule::HalfLatency)));
+        let half =
+            || *halves.get_or_init(|| self.multiplexed_figure(flow, modes, floor).map(|h| (h, Rule::HalfLatency)));
         let mux = |e: &FlowEstimate| multiplexed(flow, e.batches);
         let streams = batches.as_ref().is_some_and(mux);
         let batches = batches.filter(|_| want_batches);
@@ -180,15 +182,27 @@ impl Settings {
     /// floor, where its short gaps could hide more than [`Settings::multiplexed_short_share`] of
     /// its cycles, where more than [`UNPAIRED_SHARE`] of its batch ends have no shorter half, or
     /// where more than [`LONG_SHARE`] of its time lies in gaps too long for the figure.
-    fn multiplexed_figure(&self, modes: &[Mode], floor_ns: f64) -> Result<FlowEstimate, NoFigure> {
-        match batches::half_latency(modes, &self.batches) {
-            Some(h) if h.estimate.estimate_ns < floor_ns => Err(NoFigure::BelowRoundTrip),
+    ///
+    /// And withheld as [`NoFigure::Ambiguous`] unless the flow's gaps rule out one request in
+    /// flight, or both readings agree: more acknowledged gaps than batches also means waits below
+    /// the break (a server answering in 1 ms and in 11 ms, one request at a time), where each
+    /// acknowledged gap is one wait and the figure the mean over them.
+    fn multiplexed_figure(&self, flow: &FlowEpoch, modes: &[Mode], floor_ns: f64) -> Result<FlowEstimate, NoFigure> {
+        let h = match batches::half_latency(modes, &self.batches) {
+            Some(h) if h.estimate.estimate_ns < floor_ns => return Err(NoFigure::BelowRoundTrip),
             Some(h)
                 if h.short <= self.multiplexed_short_share && h.unpaired <= UNPAIRED_SHARE && h.long <= LONG_SHARE =>
             {
-                Ok(h.estimate)
+                h.estimate
             }
-            _ => Err(NoFigure::Interleaved),
+            _ => return Err(NoFigure::Interleaved),
+        };
+        let one_wait_each = h.kept_ns as f64 / flow.acked_gaps.max(1) as f64;
+        match (h.estimate_ns / one_wait_each - 1.0).abs() <= self.multiplexed_short_share
+            || waits_too_short(flow, modes, floor_ns)
+        {
+            true => Ok(h),
+            false => Err(NoFigure::Ambiguous),
         }
     }
 }
@@ -205,6 +219,17 @@ fn in_flight_told(flow: &FlowEpoch) -> Result<(), NoFigure> {
         (true, _, true) => Err(NoFigure::Multiplexing),
         (true, _, false) => Ok(()),
     }
+}
+
+/// Whether more of the flow's acknowledged gaps lie wholly below `floor_ns` than
+/// [`SHORT_ENDS_SHARE`] of them: no response comes back that fast, so those acknowledged
+/// responses that other requests were waiting for, and more than one was in flight. At most the
+/// gaps that acknowledged nothing are among the short ones without that.
+fn waits_too_short(flow: &FlowEpoch, modes: &[Mode], floor_ns: f64) -> bool {
+    let short: u64 = modes.iter().filter(|m| (m.max_ns as f64) < floor_ns).map(|m| m.count as u64).sum();
+    let gaps: u64 = modes.iter().map(|m| m.count as u64).sum();
+    let acked = flow.acked_gaps as u64;
+    short.saturating_sub(gaps.saturating_sub(acked)) as f64 > SHORT_ENDS_SHARE * acked as f64
 }
 
 /// See [`batches::Halves::unpaired`]: above what streams in step leave by the noise of their
@@ -330,10 +355,16 @@ pub enum NoFigure {
     /// More time inside a batch, on average, than a client's pacing takes
     /// ([`Settings::supported`]).
     LongBatches,
+    /// On TCP, more gaps acknowledged new data than the break found batches, and nothing tells
+    /// which of two readings holds: streams multiplexed on the connection, counted at half their
+    /// latency, or one request in flight whose shorter waits fell below the break (service
+    /// times 1 and 11 ms apart), one wait per acknowledged gap. Their figures disagree, and no
+    /// acknowledged gap is too short for a wait ([`Settings::multiplexed_figure`]).
+    Ambiguous,
 }
 
 impl NoFigure {
-    pub const ALL: [NoFigure; 8] = [
+    pub const ALL: [NoFigure; 9] = [
         NoFigure::BelowRoundTrip,
         NoFigure::Interleaved,
         NoFigure::FewBatches,
@@ -342,6 +373,7 @@ impl NoFigure {
         NoFigure::Udp,
         NoFigure::Multiplexing,
         NoFigure::LongBatches,
+        NoFigure::Ambiguous,
     ];
 
     /// The reason as JSON and the metrics' `reason` label name it.
@@ -355,6 +387,7 @@ impl NoFigure {
             NoFigure::Udp => "udp",
             NoFigure::Multiplexing => "multiplexing",
             NoFigure::LongBatches => "long_batches",
+            NoFigure::Ambiguous => "ambiguous",
         }
     }
 }
@@ -658,18 +691,42 @@ mod tests {
     /// of the time. With an acknowledgement advancing across every gap (streams multiplexed and
     /// out of step), the 1 ms gaps are no halves of 5.3 ms cycles but thirds or less: 19 % of the
     /// time that could hold uncounted cycles, and the figure is withheld. With one
-    /// acknowledgement a batch (a client pipelining), or the share allowed, it stands.
+    /// acknowledgement a batch (a client pipelining), or the share allowed, it stands, where a
+    /// handshake of 2 ms says that the shorter acknowledged gaps were no waits of their own.
+    /// Without one, they may have been (a server answering in 0.1, 1 and 4 ms, one request at
+    /// a time: 1.06 ms): ambiguous.
     #[test]
     fn a_multiplexed_flow_whose_short_gaps_hold_much_of_its_time_has_no_figure() {
         let settings = PirateConfig::default().settings();
-        let with_acks = |acked: u16| tcp_epoch(&[(100_000, 300), (1_000_000, 100), (4_000_000, 100)], 0, acked);
+        let with_acks =
+            |acked: u16, rtt: u32| tcp_epoch(&[(100_000, 300), (1_000_000, 100), (4_000_000, 100)], rtt, acked);
         let batches = |f: &FlowEpoch, s: &Settings| s.flow(f, &f.modes(), false, true);
-        let stepped = batches(&with_acks(100), &settings);
+        let stepped = batches(&with_acks(100, 2_000_000), &settings);
         assert_eq!((stepped.batches.map(|e| e.batches), stepped.batches_withheld), (Some(100), None));
-        let interleaved = batches(&with_acks(500), &settings);
+        let interleaved = batches(&with_acks(500, 2_000_000), &settings);
         assert_eq!((interleaved.batches, interleaved.batches_withheld), (None, Some(NoFigure::Interleaved)));
         let off = Settings { multiplexed_short_share: 1.0, ..settings };
-        assert_eq!(batches(&with_acks(500), &off).batches, stepped.batches);
+        assert_eq!(batches(&with_acks(500, 2_000_000), &off).batches, stepped.batches);
+        assert_eq!(batches(&with_acks(500, 0), &off).batches_withheld, Some(NoFigure::Ambiguous));
+    }
+
+    /// One request at a time to a server that answers 70 % of them in 1.15 ms and the rest in
+    /// 11.5 ms (cache hits and misses), every gap acknowledging its response: the break reads
+    /// the short waits as pacing, 300 batches of 14.2 ms against 4.26 ms, and the acknowledged
+    /// gaps, 3.3 a batch, fit streams multiplexed on the connection just as well. Withheld; with
+    /// a handshake of 2.3 ms no response comes back in 1.15 ms, so those gaps are streams'.
+    #[test]
+    fn waits_the_break_missed_are_not_taken_for_streams() {
+        let settings = PirateConfig::default().settings();
+        let flow = |rtt: u32| {
+            let f = tcp_epoch(&[(1_150_000, 700), (11_500_000, 300)], rtt, 1000);
+            let e = settings.flow(&f, &f.modes(), true, true);
+            (e.batches_withheld, e.batches_rule, e.paper_withheld)
+        };
+        let ambiguous = Some(NoFigure::Ambiguous);
+        assert_eq!(flow(1_150_000), (ambiguous, None, ambiguous));
+        assert_eq!(flow(0), (ambiguous, None, ambiguous));
+        assert_eq!(flow(2_300_000).1, Some(Rule::HalfLatency));
     }
 
     /// Streams in step for 900 cycles of 15 ms (bursts 30 µs apart), and cycles split between
@@ -790,8 +847,10 @@ mod tests {
     /// replay drained it: bursts of 16 requests, and a break that leaves the 23 gaps of 8.9–13.7
     /// ms (whole cycles of the streams) and 13 of 4.4–7.9 ms inside batches: 249 batches, 20.1
     /// ms against the client's 18.1. With 1.26 acknowledged gaps a batch it is multiplexed, and
-    /// counted at half its latency the 23 are batches too: 18.4 ms. With one acknowledgement a
-    /// batch the break's figure stands; without those long gaps, both agree.
+    /// counted at half its latency the 23 are batches too: 18.4 ms. But a client with one burst
+    /// in flight at a time, whose server answered a tenth of its bursts in 4–14 ms, sends the
+    /// same packets, and reads 16.1 ms: no figure. Without those long gaps, 50 acknowledged gaps
+    /// lie below the round trip, too short to be waits: streams, 18.8 ms.
     #[test]
     fn a_multiplexed_flow_counts_the_cycles_a_break_left_inside_batches() {
         let drained = |long: bool| {
@@ -818,8 +877,13 @@ mod tests {
             settings.flow(&tcp_epoch(&[], rtt, acked), &modes, false, true)
         };
         let figure = |e: Estimates| e.batches.map(|e| (e.batches, (e.estimate_ns / 1e5).round() / 10.0));
-        assert_eq!(figure(flow(true, 5_122_048, 313)), Some((272, 18.4)));
-        assert_eq!(figure(flow(true, 0, 313)), Some((272, 18.4)));
+        for rtt in [5_122_048, 0] {
+            assert_eq!(flow(true, rtt, 313).batches_withheld, Some(NoFigure::Ambiguous));
+        }
+        // With the readings allowed 20 % apart, counted at half its latency.
+        let off = Settings { multiplexed_short_share: 0.2, ..settings };
+        let half = off.flow(&tcp_epoch(&[], 5_122_048, 313), &drained(true), false, true);
+        assert_eq!(figure(half), Some((272, 18.4)));
         // With one acknowledgement a batch, one request in flight would spend 2.2 ms inside
         // each batch, more than a client paces: no figure.
         assert_eq!(flow(true, 5_122_048, 249).batches_withheld, Some(NoFigure::LongBatches));

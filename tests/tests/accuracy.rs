@@ -76,6 +76,46 @@ fn one_in_flight_single_packet_responses() -> Result<()> {
     Ok(())
 }
 
+/// One request in flight (wrk, one connection) to a server that answers 70 % of requests in
+/// 1 ms and the rest in 11 ms (the return path's two delays): the break takes the short waits
+/// for a client's pacing, and the acknowledged gaps, 3 a batch, fit streams multiplexed on the
+/// connection as well as one request in flight. The figure is withheld (`ambiguous`, or
+/// `interleaved` where the count at half the latency fails its own tests) or right (within 3 %
+/// of wrk's mean; counted at half the latency, a synthetic epoch of this shape read +233 %),
+/// and with `mark_acked`, which counts every acknowledged gap as a wait, it is right.
+#[test]
+fn one_in_flight_with_two_service_times_has_no_wrong_figure() -> Result<()> {
+    let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
+    let _nginx = nginx(&tb.server, &[("small", 100)])?;
+    let two: LinkSpec = "delay=1ms,reorder=0.3,reorder_delay=11ms".parse()?;
+    let emu = tb.return_path.as_ref().unwrap().start(&two, &LinkSpec::default(), 13)?;
+    for (config, marked) in
+        [(WHOLE_RUN.to_string(), false), (format!("{WHOLE_RUN}[pirate]\nmark_acked = true\n"), true)]
+    {
+        let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
+        let truth = wrk(&tb.client, &format!("http://{SERVER_IP}/small"), 1, Duration::from_secs(4))?;
+        let lines = pirated.stop()?;
+        dump(&lines);
+        let est = batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:80")), By::Configured).map(|e| e.0);
+        let reasons: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["type"] == "flow" && !l["no_figure"].is_null())
+            .map(|l| &l["no_figure"])
+            .collect();
+        eprintln!(
+            "mark_acked = {marked}: wrk mean {:.3} ms over {} requests, pirated {est:?}, withheld {reasons:?}",
+            truth.mean * 1e3,
+            truth.requests
+        );
+        match est {
+            Some(e) => assert!((e / truth.mean - 1.0).abs() <= 0.03, "{e} s against wrk's {} s", truth.mean),
+            None => assert!(!marked && reasons.iter().any(|r| *r == "ambiguous" || *r == "interleaved"), "{reasons:?}"),
+        }
+    }
+    emu.stop()?;
+    Ok(())
+}
+
 /// Up to four outstanding requests per connection with multi-packet responses (a page, then its
 /// objects pipelined), eight connections at once, 5 ms added on the return path. Truth: each
 /// connection's own mean batch latency (first request written → last response byte read).

@@ -16,6 +16,7 @@ pub mod quic;
 pub mod removed;
 pub mod rli;
 pub mod servers;
+pub mod stalls;
 pub mod testbed;
 pub mod twopoint;
 pub mod webclient;

@@ -40,6 +40,8 @@ pub const CLIENT_IP: &str = "10.201.1.1";
 pub const SERVER_IP: &str = "10.201.2.2";
 pub const CLIENT_IP6: &str = "fd00:201:1::1";
 pub const SERVER_IP6: &str = "fd00:201:2::2";
+/// The client's interface towards the vantage point.
+pub const CLIENT_IF: &str = "c-vp";
 /// pirated's interface in `vp`.
 pub const VP_CLIENT_IF: &str = "vp-c";
 /// pirated's interface in the `monitor` namespace of a [`Links::span`] testbed.
@@ -99,7 +101,7 @@ impl OnePoint {
                 veth(x, x_if, y, y_if).map(|_| None)
             }
         };
-        let client_side = link(links.client_side, &client, "c-vp", &vp, VP_CLIENT_IF)?;
+        let client_side = link(links.client_side, &client, CLIENT_IF, &vp, VP_CLIENT_IF)?;
         let server_side = link(links.server_side, &vp, "vp-s", &server, "s-vp")?;
         let return_path = match links.span {
             true => None,
@@ -107,7 +109,7 @@ impl OnePoint {
         };
         // (namespace, interface, IPv4, IPv6): the direct link's two ends come last.
         let mut addrs: Vec<(&Netns, &str, &str, &str)> = vec![
-            (&client, "c-vp", "10.201.1.1/24", "fd00:201:1::1/64"),
+            (&client, CLIENT_IF, "10.201.1.1/24", "fd00:201:1::1/64"),
             (&vp, VP_CLIENT_IF, "10.201.1.2/24", "fd00:201:1::2/64"),
             (&vp, "vp-s", "10.201.2.1/24", "fd00:201:2::1/64"),
             (&server, "s-vp", "10.201.2.2/24", "fd00:201:2::2/64"),

@@ -65,7 +65,7 @@ fn pirate_lb_spreads_new_connections_over_the_reals() -> Result<()> {
 }
 
 /// The controller at work with `pirate_lb`: backend 0 answers in 20 ms, the others in 1 ms. Keep-alive
-/// connections reach every backend (opened until each has two); from their gaps Pirate measures
+/// connections reach every backend (opened until each has one); from their gaps Pirate measures
 /// each real's latency, the controller moves weight off backend 0, and new connections then
 /// mostly avoid it, while not one request of the established connections fails (the connection
 /// table keeps each on its real while the rings change under it).
@@ -143,20 +143,22 @@ fn slow_first() -> [Duration; BACKENDS] {
     service
 }
 
-/// Keep-alive connections until every backend has two; the slow backend 0's weight falls below
-/// a half; new connections then reach it less than an eighth of the time; not one request of
-/// the keep-alive connections fails.
+/// Keep-alive connections until every backend has one, measured on from then on (more before
+/// its first can be too late: pirated may already have moved the slow backend's weight, which
+/// a 64-connection loop once met at [1, 27, 15, 21]); the slow backend 0's weight falls below a
+/// half; new connections then reach it less than an eighth of the time; not one request of the
+/// keep-alive connections fails.
 fn slow_real_loses_new_connections(tb: &Balanced, pirated: &Pirated) -> Result<()> {
     let run = Duration::from_secs(8);
     let start = tb.passive_opens()?;
     let mut held = Vec::new();
     loop {
         let opened = tb.opened_since(&start)?;
-        if opened.iter().all(|&n| n >= 2) {
+        if opened.iter().all(|&n| n >= 1) {
             eprintln!("keep-alive connections per backend: {opened:?}");
             break;
         }
-        ensure!(held.len() < 64, "64 connections and still a backend with fewer than two: {opened:?}");
+        ensure!(held.len() < 64, "64 connections and still a backend without one: {opened:?}");
         held.push(clients::http_keepalive(&tb.client, balancing::vip(), run)?);
     }
     let real0 = balancing::backend_ip(0).to_string();

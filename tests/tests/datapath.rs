@@ -407,7 +407,6 @@ fn restarts_keep_every_flows_state_under_traffic() -> Result<()> {
     // epoch it had closed but not reported would be lost with it).
     second.wait_for(Duration::from_secs(5), of_flow)?;
     lines.extend(second.kill()?);
-    let third_started = Instant::now();
     let mut third = Pirated::start(&tb.vp, VP_CLIENT_IF, &format!("{config}on_exit = \"detach\"\n"))?;
     let sent = sender.join().unwrap()?;
     // The counters as published once the epoch holding the last packet has closed.
@@ -443,13 +442,16 @@ fn restarts_keep_every_flows_state_under_traffic() -> Result<()> {
     ensure!(new_flows + measured == sent.len() as u64, "{measured} measured + 1 of {} sent", sent.len());
 
     // The third daemon's epochs after its first (which holds the epoch the second was killed in),
-    // against the sender's gaps over the same time: a busy machine stalls the sender while a
-    // daemon loads, which the whole run's mean would hold and these epochs not.
+    // against the sender's gaps before the same packets: every packet is counted once, so those
+    // epochs' packets are the sender's last, each with its gap from the one before. A busy
+    // machine stalls the sender while a daemon loads, which the whole run's mean would hold and
+    // these epochs not.
     let first = flow_lines(&after, &client).filter_map(|v| v["epoch"].as_u64()).min().context("no epoch")?;
     let later: Vec<Value> =
         after.iter().filter(|v| !(of_flow(v) && v["epoch"].as_u64() == Some(first))).cloned().collect();
-    let since = third_started + Duration::from_millis(500);
-    let gaps: Vec<f64> = sent.windows(2).filter(|w| w[0] >= since).map(|w| (w[1] - w[0]).as_nanos() as f64).collect();
+    let later_packets: u64 = flow_lines(&later, &client).filter_map(|v| v["packets"].as_u64()).sum();
+    let all_gaps: Vec<f64> = sent.windows(2).map(|w| (w[1] - w[0]).as_nanos() as f64).collect();
+    let gaps = &all_gaps[all_gaps.len().saturating_sub(later_packets as usize)..];
     ensure!(gaps.len() > 100, "{} gaps after the third daemon's first epoch", gaps.len());
     let truth_ns = gaps.iter().sum::<f64>() / gaps.len() as f64;
     let (measured_gaps, mean) = mean_gap(&later, &client);

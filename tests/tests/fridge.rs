@@ -16,9 +16,10 @@ use pirate_common::{
     parse::parse,
 };
 use pirate_tests::{
+    capture::{Capture, Pcap},
     linkem::LinkSpec,
     servers::nginx,
-    testbed::{metric, Links, OnePoint, Pirated, SERVER_IP, VP_CLIENT_IF},
+    testbed::{metric, Links, OnePoint, Pirated, CLIENT_IF, SERVER_IP, VP_CLIENT_IF},
 };
 use pirated::{
     config::Config,
@@ -221,7 +222,9 @@ fn a_full_sample_ring_is_counted() -> Result<()> {
 
 /// Live, on the one-point testbed, where the vantage point sees client→server only (replies
 /// return directly, 5 ms late): short connections' handshakes are paired SYN → client ACK, and
-/// the fridges' median lands on the median connect time curl measured at the client.
+/// the fridges' median lands on the median handshake the client's own packets show, SYN to its
+/// ACK as they left it (tcpdump at the client). curl's connect time, printed beside it, reads
+/// the same and the client's scheduling besides: 1.5 ms more on a busy host.
 #[test]
 fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
     let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
@@ -231,6 +234,7 @@ fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
     let pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, "epoch = \"100ms\"\n[fridge]\nwindow = \"60s\"\n")?;
     const CONNECTIONS: usize = 60;
     let url = format!("http://{SERVER_IP}/index.html");
+    let mut capture = Capture::start(&tb.client, CLIENT_IF, &["-Q", "out", "tcp"])?;
     let mut connect_s: Vec<f64> = (0..CONNECTIONS)
         .map(|_| {
             let out = tb.client.run(&["curl", "-sf", "-o", "/dev/null", "-w", "%{time_connect}", &url])?;
@@ -238,7 +242,12 @@ fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     connect_s.sort_by(f64::total_cmp);
-    let truth_ms = connect_s[CONNECTIONS / 2] * 1e3;
+    let curl_ms = connect_s[CONNECTIONS / 2] * 1e3;
+    capture.stop()?;
+    let mut handshakes = handshakes(&Pcap::parse(&std::fs::read(capture.path())?)?);
+    ensure!(handshakes.len() == CONNECTIONS, "{} handshakes captured at the client", handshakes.len());
+    handshakes.sort_by(f64::total_cmp);
+    let truth_ms = handshakes[CONNECTIONS / 2] / 1e6;
     let line = pirated.wait_for(Duration::from_secs(5), |v| {
         v["type"] == "fridge_class"
             && v["class"] == "tcp-handshake"
@@ -248,11 +257,34 @@ fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
     drop(pirated);
     emu.stop()?;
     let p50_ms = line["quantiles_ns"]["p50"].as_f64().context("no p50")? / 1e6;
-    eprintln!("handshakes: fridge p50 {p50_ms:.3} ms, curl's median connect {truth_ms:.3} ms ({line})");
-    ensure!((p50_ms - truth_ms).abs() < 0.1 * truth_ms, "p50 {p50_ms:.3} ms, curl {truth_ms:.3} ms");
+    eprintln!(
+        "handshakes: fridge p50 {p50_ms:.3} ms, the client's packets' median {truth_ms:.3} ms, curl's median connect {curl_ms:.3} ms ({line})"
+    );
+    ensure!((p50_ms - truth_ms).abs() < 0.1 * truth_ms, "p50 {p50_ms:.3} ms, the client's {truth_ms:.3} ms");
     let samples = metric(&metrics, "pirated_fridge_samples_total{class=\"tcp-handshake\"}");
     ensure!(samples >= CONNECTIONS as f64, "{samples} samples in the metrics");
     // Every enabled class has its series, samples or not.
     ensure!(metric(&metrics, "pirated_fridge_pairs_per_second{class=\"dns\"}") == 0.0);
     Ok(())
+}
+
+/// Each TCP connection's handshake in a capture of a client's outgoing packets: its SYN to its
+/// first ACK, in ns.
+fn handshakes(pcap: &Pcap) -> Vec<f64> {
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    let mut syns = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for r in &pcap.records {
+        let Some(tcp) = r.tcp4() else { continue };
+        let flags = r.data[tcp.port_at + 13];
+        if flags & (SYN | ACK) == SYN {
+            syns.insert(tcp.source, r.ts_ns);
+        } else if flags & (SYN | ACK) == ACK {
+            if let Some(syn) = syns.remove(&tcp.source) {
+                out.push((r.ts_ns - syn) as f64);
+            }
+        }
+    }
+    out
 }

@@ -20,6 +20,7 @@ use pirate_tests::{
     capture::Capture,
     linkem::{probe::Probes, LinkSpec},
     netns::Netns,
+    stalls::{Stalls, Witness},
     testbed::{metric, wait_until, PinRoot, Pirated},
     twopoint::{self, replay_segment, TwoPoint, TwoPorts, DOWN_IF, PEER_ADDR, RECEIVER_IP, SENDER_IP, UP_IF},
 };
@@ -69,6 +70,11 @@ struct Truth {
     edge_delays: Vec<f64>,
     /// A capture missed one of its probes: the truth is incomplete.
     unsure: bool,
+    /// The first probe's stamp at U and the last's at D (TAI): the stamps the truth rests on.
+    span: Option<(i64, i64)>,
+    /// The time the host stalled between them ([`Stalls::total`]): packets stamped by XDP before
+    /// a stall and by a capture after it are that much later in the truth, at most.
+    stalled_ns: i64,
 }
 
 /// The probes' sequence numbers and capture timestamps (TAI), from UDP frames to `PORT`.
@@ -82,7 +88,13 @@ fn probes(frames: Vec<(u64, Vec<u8>)>, offset: i64) -> HashMap<u64, i64> {
 
 /// Each interval's truth from the probes' capture times at U and D; `received`, the probes the
 /// receiver got, where it is known.
-fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&HashSet<u64>>) -> BTreeMap<i64, Truth> {
+fn truths(
+    up: &HashMap<u64, i64>,
+    down: &HashMap<u64, i64>,
+    received: Option<&HashSet<u64>>,
+    stalls: &Stalls,
+    offset: i64,
+) -> BTreeMap<i64, Truth> {
     let mut out: BTreeMap<i64, Truth> = BTreeMap::new();
     // The intervals the datapath may have stamped a packet in: the capture's, or the one before
     // if the capture stamped it just after an edge.
@@ -96,6 +108,8 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
     };
     for (seq, &sent) in up {
         let t = out.entry(sent / INTERVAL_NS).or_default();
+        let last = down.get(seq).copied().unwrap_or(sent);
+        t.span = Some(t.span.map_or((sent, last), |(a, b)| (a.min(sent), b.max(last))));
         match down.get(seq) {
             Some(&arrived) => {
                 t.delays.push((arrived - sent) as f64);
@@ -136,6 +150,11 @@ fn truths(up: &HashMap<u64, i64>, down: &HashMap<u64, i64>, received: Option<&Ha
         println!("the capture at D missed probe {seq}");
         if let Some(sent) = up.get(seq) {
             out.entry(sent / INTERVAL_NS).or_default().unsure = true;
+        }
+    }
+    for t in out.values_mut() {
+        if let Some((first, last)) = t.span {
+            t.stalled_ns = stalls.total(first - LATE_NS - offset, last + LATE_NS - offset);
         }
     }
     out
@@ -184,7 +203,7 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
     let rda = |k| f(line, &["rda", "delay", k]);
     let (rda_mean, rda_std, lda_mean) = (rda("mean_ns"), rda("std_dev_ns"), f(line, &["lda", "delay", "mean_ns"]));
     println!(
-        "interval {} {what}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us",
+        "interval {} {what}: {} packets, {} lost, {} crossed; truth {:.1} ± {:.1} us; RDA {:.1} ± {:.1} us (lost {}, reordered {}), LDA {:.1} us; the host stalled {:.0} ms",
         line["interval"],
         truth.delays.len(),
         truth.lost,
@@ -195,7 +214,8 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
         rda_std / 1e3,
         line["rda"]["lost"],
         line["rda"]["reordered"],
-        lda_mean / 1e3
+        lda_mean / 1e3,
+        truth.stalled_ns as f64 / 1e6
     );
     assert!(rda_mean.is_finite() && rda_std.is_finite() && lda_mean.is_finite(), "{line}");
     let counted = (line["rda"]["lost"].as_u64().unwrap(), line["rda"]["reordered"].as_u64().unwrap());
@@ -220,8 +240,10 @@ fn judge(what: &str, line: &Value, truths: &BTreeMap<i64, Truth>) -> Option<Judg
     // The share of the mean that packets on the other side of an edge in the datapath move.
     let moved = truth.edge_delays.iter().map(|d| (d - mean).abs()).sum::<f64>();
     let edge_share = moved / ((truth.delays.len() - truth.edge_delays.len()) as f64 * mean);
+    // The share of it that the host's stalls can move.
+    let stalled_share = truth.stalled_ns as f64 / (truth.delays.len() as f64 * mean);
     Some(Judged {
-        mean: ((rda_mean / mean - 1.0).abs() - unlisted_share - edge_share).max(0.0),
+        mean: ((rda_mean / mean - 1.0).abs() - unlisted_share - edge_share - stalled_share).max(0.0),
         std: (rda_std / std - 1.0).abs(),
         lda: (lda_mean / mean - 1.0).abs(),
         decoded,
@@ -235,6 +257,7 @@ type At<'a> = (&'a Netns, &'a str);
 /// entering each point; then waits for `reporter` (the downstream point) to report the interval
 /// after the last one, and stops it.
 fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pirated) -> Result<Probed> {
+    let witness = Witness::start();
     let filter = ["-Q", "in", "udp", "port", "9000"];
     let mut captures = [Capture::start(up.0, up.1, &filter)?, Capture::start(down.0, down.1, &filter)?];
     // Neighbours resolved first (the first packets would otherwise wait 400 ms for ARP across
@@ -269,13 +292,15 @@ fn probe(sender: &Netns, receiver: &Netns, up: At, down: At, reporter: &mut Pira
     let scrapes = scrapes.into_iter().collect::<Result<Vec<_>>>()?;
     captures[0].stop()?;
     captures[1].stop()?;
+    let stalls = witness.stop();
     let offset = tai_offset_ns();
     let (sent, arrived) =
         (probes(read_all(captures[0].path())?, offset), probes(read_all(captures[1].path())?, offset));
     let last = sent.values().max().context("no probe passed U")? / INTERVAL_NS;
     reporter
         .wait_for(Duration::from_secs(5), |l| l["type"] == "segment" && l["interval"].as_i64() >= Some(last + 1))?;
-    Ok(Probed { lines: reporter.stop()?, truths: truths(&sent, &arrived, Some(&received)), captures, scrapes })
+    let truths = truths(&sent, &arrived, Some(&received), &stalls, offset);
+    Ok(Probed { lines: reporter.stop()?, truths, captures, scrapes })
 }
 
 /// What [`probe`] saw: the reporter's lines, the truth from the captures, the captures at U and
@@ -474,6 +499,7 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
     let top = format!("pin_root = \"{}\"\n", root.path.display());
     let (up_config, down_config) = (config("up", &top)?, config("down", &top)?);
     let emulator = tb.segment.start(&"delay=200ms,jitter=10ms,loss=0.01".parse()?, &LinkSpec::default(), 11)?;
+    let witness = Witness::start();
     let mut down = Pirated::start(&tb.down, DOWN_IF, &down_config)?;
     let mut control = Capture::start(&tb.down, "d-m", &["-Q", "in", "tcp"])?;
     // Neighbours resolved before the upstream point starts: the ping's request waits 400 ms
@@ -557,7 +583,9 @@ fn strangers_and_restarts_leave_only_unmeasured_intervals() -> Result<()> {
         assert_eq!(got, count, "refusals for {reason}");
     }
     let offset = tai_offset_ns();
-    let truths = truths(&probes(up_capture.frames()?, offset), &probes(down_capture.frames()?, offset), None);
+    let stalls = witness.stop();
+    let truths =
+        truths(&probes(up_capture.frames()?, offset), &probes(down_capture.frames()?, offset), None, &stalls, offset);
     lines.retain(segment);
     let interval = |l: &Value| l["interval"].as_i64().unwrap();
     let first_measured = lines.iter().find(|l| l["measured"] == true).map(interval).unwrap();

@@ -94,7 +94,9 @@ fn one_in_flight_single_packet_responses() -> Result<()> {
 /// connection as well as one request in flight. The figure is withheld (`ambiguous`, or
 /// `interleaved` where the count at half the latency fails its own tests) or right (within 3 %
 /// of wrk's mean; counted at half the latency, a synthetic epoch of this shape read +233 %),
-/// and with `mark_acked`, which counts every acknowledged gap as a wait, it is right.
+/// and with `mark_acked`, which counts every acknowledged gap as a wait, it is right, unless the
+/// handshake met the slow side (11 ms): no response comes back faster than the handshake, says
+/// the round-trip floor, and the figure is withheld.
 #[test]
 fn one_in_flight_with_two_service_times_has_no_wrong_figure() -> Result<()> {
     let tb = OnePoint::with(Links { return_path: true, ..Links::default() })?;
@@ -109,19 +111,24 @@ fn one_in_flight_with_two_service_times_has_no_wrong_figure() -> Result<()> {
         let lines = pirated.stop()?;
         dump(&lines);
         let est = batch_weighted_mean(&lines, Of::Server(&format!("{SERVER_IP}:80")), By::Configured).map(|e| e.0);
-        let reasons: Vec<&Value> = lines
-            .iter()
-            .filter(|l| l["type"] == "flow" && !l["no_figure"].is_null())
-            .map(|l| &l["no_figure"])
-            .collect();
+        let withheld: Vec<&Value> = lines.iter().filter(|l| l["type"] == "flow" && !l["no_figure"].is_null()).collect();
+        let reasons: Vec<&Value> = withheld.iter().map(|l| &l["no_figure"]).collect();
+        // The connection wrk measured on (its first, which reads nothing, has one batch).
+        let measured = withheld.iter().filter(|l| l["no_figure"] != "few_batches");
+        let handshake_s = measured.filter_map(|l| l["handshake_rtt_ns"].as_f64()).fold(0.0, f64::max) / 1e9;
         eprintln!(
-            "mark_acked = {marked}: wrk mean {:.3} ms over {} requests, pirated {est:?}, withheld {reasons:?}",
+            "mark_acked = {marked}: wrk mean {:.3} ms over {} requests, pirated {est:?}, withheld {reasons:?}, handshake {:.3} ms",
             truth.mean * 1e3,
-            truth.requests
+            truth.requests,
+            handshake_s * 1e3
         );
         match est {
             Some(e) => assert!((e / truth.mean - 1.0).abs() <= 0.03, "{e} s against wrk's {} s", truth.mean),
-            None => assert!(!marked && reasons.iter().any(|r| *r == "ambiguous" || *r == "interleaved"), "{reasons:?}"),
+            None => assert!(
+                reasons.iter().any(|r| *r == "ambiguous" || *r == "interleaved")
+                    && (!marked || handshake_s > 2.0 * truth.mean),
+                "{reasons:?}"
+            ),
         }
     }
     emu.stop()?;

@@ -5,9 +5,8 @@
 //! spanning a stall judges the host, not the code. Tests ask which of their windows saw one,
 //! judge the others or take the run again, and say so.
 //!
-//! Not a thread that times its own wake-ups: one that woke every millisecond at real-time
-//! priority to do so changed what it watched (softirqs yield to a woken task), and the RLI test
-//! with sampled references read 3.2–4.6 % off with it running, 0.1–1.7 % without.
+//! Not a thread that times its own wake-ups: one that wakes every millisecond at real-time
+//! priority changes what it watches (softirqs yield to a woken task).
 
 use std::{
     sync::{
@@ -26,7 +25,6 @@ const PERIOD: Duration = Duration::from_millis(20);
 /// read can show steal that began before the window.
 #[derive(Clone, Copy, Debug)]
 pub struct Stall {
-    pub cpu: usize,
     pub from_ns: i64,
     pub to_ns: i64,
     pub len_ns: i64,
@@ -60,7 +58,7 @@ impl Witness {
 
 impl Stalls {
     /// The stalls seen in reads that overlap `[from_ns, to_ns)` (`CLOCK_REALTIME`).
-    pub fn within(&self, from_ns: i64, to_ns: i64) -> impl Iterator<Item = &Stall> {
+    fn within(&self, from_ns: i64, to_ns: i64) -> impl Iterator<Item = &Stall> {
         self.0.iter().filter(move |s| s.from_ns < to_ns && s.to_ns > from_ns)
     }
 
@@ -106,9 +104,9 @@ fn watch(stop: &AtomicBool) -> Vec<Stall> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(PERIOD);
         let (now, to) = (steal_ticks(), realtime_ns());
-        for (cpu, (&was, &is)) in before.iter().zip(&now).enumerate() {
+        for (&was, &is) in before.iter().zip(&now) {
             if is > was {
-                stalls.push(Stall { cpu, from_ns: at, to_ns: to, len_ns: (is - was) as i64 * tick_ns });
+                stalls.push(Stall { from_ns: at, to_ns: to, len_ns: (is - was) as i64 * tick_ns });
             }
         }
         (before, at) = (now, to);

@@ -13,7 +13,7 @@ use pirate_common::{
         class::{DNS, ICMP_ECHO_CLASS, NAMES, TCP_FLOW, TCP_HANDSHAKE},
         Sample,
     },
-    parse::parse,
+    parse::{parse, TCP_ACK, TCP_SYN},
 };
 use pirate_tests::{
     capture::{Capture, Pcap},
@@ -271,16 +271,14 @@ fn live_handshakes_pair_with_the_clients_acks() -> Result<()> {
 /// Each TCP connection's handshake in a capture of a client's outgoing packets: its SYN to its
 /// first ACK, in ns.
 fn handshakes(pcap: &Pcap) -> Vec<f64> {
-    const SYN: u8 = 0x02;
-    const ACK: u8 = 0x10;
     let mut syns = std::collections::HashMap::new();
     let mut out = Vec::new();
     for r in &pcap.records {
         let Some(tcp) = r.tcp4() else { continue };
         let flags = r.data[tcp.port_at + 13];
-        if flags & (SYN | ACK) == SYN {
+        if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
             syns.insert(tcp.source, r.ts_ns);
-        } else if flags & (SYN | ACK) == ACK {
+        } else if flags & (TCP_SYN | TCP_ACK) == TCP_ACK {
             if let Some(syn) = syns.remove(&tcp.source) {
                 out.push((r.ts_ns - syn) as f64);
             }

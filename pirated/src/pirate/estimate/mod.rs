@@ -357,8 +357,8 @@ pub enum NoFigure {
     /// On TCP, more gaps acknowledged new data than the break found batches, and nothing tells
     /// which of two readings holds: streams multiplexed on the connection, counted at half their
     /// latency, or one request in flight whose shorter waits fell below the break (service
-    /// times 1 and 11 ms apart), one wait per acknowledged gap. Their figures disagree, and no
-    /// acknowledged gap is too short for a wait ([`Settings::multiplexed_figure`]).
+    /// times 1 and 11 ms apart), one wait per acknowledged gap. Their figures disagree
+    /// ([`Settings::multiplexed_figure`]).
     Ambiguous,
 }
 

@@ -4,7 +4,7 @@
 //! number), and a flow's figures merged over its `segment_flow` lines.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     net::UdpSocket,
     sync::atomic::{AtomicBool, Ordering},
     thread,
@@ -68,8 +68,6 @@ pub type Ports = (u16, u16);
 pub struct Truth {
     pub flows: BTreeMap<Ports, Vec<f64>>,
     pub intervals: BTreeMap<i64, Vec<f64>>,
-    /// Each flow's, per interval.
-    pub flow_intervals: BTreeMap<(Ports, i64), Vec<f64>>,
     /// Each datagram's, by flow and sequence number.
     pub packets: HashMap<(Ports, u64), f64>,
 }
@@ -97,7 +95,6 @@ impl Truth {
                 truth.flows.entry(id.0).or_default().push(delay);
                 let interval = (*arrived as i64 + offset) / 1_000_000_000;
                 truth.intervals.entry(interval).or_default().push(delay);
-                truth.flow_intervals.entry((id.0, interval)).or_default().push(delay);
                 truth.packets.insert(*id, delay);
             }
         }
@@ -120,17 +117,27 @@ pub fn flow_lines(lines: &[Value], ports: Ports) -> impl Iterator<Item = &Value>
     })
 }
 
-/// The captures' delays of the flow's packets but those of the intervals where `estimator`'s
-/// figure for it is withheld among `lines`: what [`merged`] reads, and is judged against. (The
-/// packets still waiting for a reference at an interval's end count in the next; an interval
-/// with none interpolated yet withholds nothing.)
+/// The captures' delays of the packets behind `estimator`'s published figures for the flow
+/// among `lines`: what [`merged`] reads, and is judged against. A line counts the packets it
+/// settled, the next ones in the flow's order (packets still waiting for a reference at an
+/// interval's end count in the next, so which interval a packet arrived in says little); RLI's
+/// unsettled ones are passed over where they fall, and a withheld figure's packets likewise.
 pub fn behind(truth: &Truth, lines: &[Value], ports: Ports, estimator: &str) -> Vec<f64> {
-    let withheld: HashSet<i64> = flow_lines(lines, ports)
-        .filter(|l| l[estimator]["withheld"].is_string())
-        .filter_map(|l| l["interval"].as_i64())
-        .collect();
-    let intervals = truth.flow_intervals.range((ports, i64::MIN)..=(ports, i64::MAX));
-    intervals.filter(|((_, i), _)| !withheld.contains(i)).flat_map(|(_, d)| d.iter().copied()).collect()
+    let mut flow: Vec<(u64, f64)> =
+        truth.packets.iter().filter(|((p, _), _)| *p == ports).map(|((_, seq), d)| (*seq, *d)).collect();
+    flow.sort_unstable_by_key(|&(seq, _)| seq);
+    let mut delays = flow.into_iter().map(|(_, d)| d);
+    let mut published = Vec::new();
+    for l in flow_lines(lines, ports) {
+        let e = &l[estimator];
+        let unsettled = if estimator == "rli" { l["unsettled"].as_u64().unwrap_or(0) } else { 0 };
+        let settled = delays.by_ref().take((e["packets"].as_u64().unwrap_or(0) + unsettled) as usize);
+        match e["mean_ns"].is_number() {
+            true => published.extend(settled),
+            false => settled.for_each(drop),
+        }
+    }
+    published
 }
 
 /// A flow's `segment_flow` lines merged over a run, for `estimator` ("rli" or "rli_l"):

@@ -116,12 +116,12 @@ pub struct Truth {
 
 /// A finished run: the truth, pirated's JSON lines, and the server (addr:port as pirated prints
 /// it) to read them for; with a capture kept, the cycle of the busiest connection's requests
-/// (seconds, [`cycle`](crate::cycle)).
+/// ([`cycle`](crate::cycle)).
 pub struct Outcome {
     pub truth: Truth,
     pub lines: Vec<Value>,
     pub server: String,
-    pub cycle: Option<f64>,
+    pub cycle: Option<crate::cycle::Cycle>,
 }
 
 pub fn all() -> Vec<Case> {
@@ -335,7 +335,7 @@ impl Case {
         if let (Some(capture), Some(to)) = (capture.as_mut(), pcap) {
             capture.stop()?;
             std::fs::copy(capture.path(), to).with_context(|| format!("keeping the capture as {}", to.display()))?;
-            cycle = crate::cycle::of(&read_all(to)?, addr).map(|ns| ns * 1e-9);
+            cycle = crate::cycle::of(&read_all(to)?, addr);
         }
         Ok(Outcome { truth, lines, server: addr.to_string(), cycle })
     }

@@ -4,6 +4,11 @@
 //! the requests' conditional intensity (requests τ after one, over their rate) peaks at L, 2L,
 //! 3L… above the flat background the other streams make. pirated's datapath keeps gap modes,
 //! not request times, so this is the bench's, to see where the signal holds before it moves in.
+//!
+//! What the timing cannot tell, the cycle withholds: requests that come in groups (streams in
+//! step, groups of them out of step, a server that answers one at a time) repeat at the cycle's
+//! fractions as well as at the cycle, so only where the other streams' requests fall anywhere
+//! (the intensity between the harmonics near the rate's) is the one peak a stream's own cycle.
 
 use std::net::SocketAddr;
 
@@ -30,6 +35,18 @@ const MIN_UDP_REQUEST: usize = 60;
 const HARMONICS: usize = 3;
 /// Fewest request events to look for a cycle in.
 const MIN_EVENTS: usize = 100;
+/// The least intensity between a cycle's harmonics (over 0.25–0.75 of it, the median) for the
+/// other streams' requests to count as falling anywhere: half the rate's, midway between a
+/// comb (0: every request in step with others) and streams out of step (1).
+const MIN_BACKGROUND: f64 = 0.5;
+/// Standard errors the cycle's peak must stand above that background by.
+const MIN_SIGMA: f64 = 5.0;
+
+/// A connection's cycle (ns) and, where the timing cannot support it, why.
+pub struct Cycle {
+    pub ns: f64,
+    pub withheld: Option<&'static str>,
+}
 
 /// A client→server packet of the capture: when, from which client, and what it carries.
 struct Packet {
@@ -51,8 +68,8 @@ enum Kind {
 }
 
 /// The busiest client connection's cycle to `server` in `frames` (Ethernet, ns), if its
-/// requests show one: ns.
-pub fn of(frames: &[(u64, Vec<u8>)], server: SocketAddr) -> Option<f64> {
+/// requests show one.
+pub fn of(frames: &[(u64, Vec<u8>)], server: SocketAddr) -> Option<Cycle> {
     let mut ctx = PacketCtx::default();
     let packets: Vec<Packet> = frames.iter().filter_map(|(at, f)| to(server, *at, f, &mut ctx)).collect();
     let mut clients: Vec<SocketAddr> = packets.iter().map(|p| p.client).collect();
@@ -95,9 +112,12 @@ fn events(packets: &[&Packet]) -> Vec<u64> {
 }
 
 /// The cycle of `events` (ns, ascending): the lag whose harmonics the requests' conditional
-/// intensity rises to most, from the shortest cycle a round trip of `round_trip_ns` allows;
-/// refined to the centroid of the intensity's excess over its background around it.
-fn cycle(events: &[u64], round_trip_ns: u64) -> Option<f64> {
+/// intensity rises to most, from the shortest cycle a round trip of `round_trip_ns` allows and
+/// one request event a cycle (a stream's own, at least); refined to the centroid of the
+/// intensity's excess over its background around it. Withheld as `comb` where the intensity
+/// between the harmonics is below [`MIN_BACKGROUND`], as `no peak` where the peak is within
+/// [`MIN_SIGMA`] standard errors of it.
+fn cycle(events: &[u64], round_trip_ns: u64) -> Option<Cycle> {
     let (first, last) = (*events.first()?, *events.last()?);
     // Reference events with the whole range of lags after them.
     let refs = events.iter().take_while(|&&t| t + MAX_LAG_NS <= last).count();
@@ -113,23 +133,37 @@ fn cycle(events: &[u64], round_trip_ns: u64) -> Option<f64> {
     }
     // Requests per bin after a request, over what the rate alone gives: 1 where nothing repeats.
     let rate = events.len() as f64 / (last - first) as f64;
-    let intensity: Vec<f64> = counts.iter().map(|&c| c as f64 / (refs as f64 * BIN_NS as f64 * rate)).collect();
+    let per_bin = refs as f64 * BIN_NS as f64 * rate;
+    let intensity: Vec<f64> = counts.iter().map(|&c| c as f64 / per_bin).collect();
     let smooth: Vec<f64> = (0..bins)
         .map(|b| {
             let window = &intensity[b.saturating_sub(SMOOTH)..(b + SMOOTH + 1).min(bins)];
             window.iter().sum::<f64>() / window.len() as f64
         })
         .collect();
-    let lowest = (MIN_CYCLE_NS.max((ROUND_TRIP_SHARE * round_trip_ns as f64) as u64) / BIN_NS) as usize;
+    let lowest = MIN_CYCLE_NS.max((ROUND_TRIP_SHARE * round_trip_ns as f64) as u64).max((1.0 / rate) as u64);
     let score = |b: usize| (1..=HARMONICS).map(|k| smooth[b * k]).sum::<f64>() / HARMONICS as f64;
-    let best = (lowest.max(1)..bins / HARMONICS).max_by(|&a, &b| score(a).total_cmp(&score(b)))?;
+    let best = ((lowest / BIN_NS) as usize).max(1)..bins / HARMONICS;
+    let best = best.max_by(|&a, &b| score(a).total_cmp(&score(b)))?;
     // The peak's centroid: the excess within a fifth of it either side.
     let (lo, hi) = (best * 4 / 5, (best * 6 / 5).min(bins - 1));
     let (mass, moment) = (lo..=hi).fold((0.0, 0.0), |(m, x), b| {
         let excess = (smooth[b] - 1.0).max(0.0);
         (m + excess, x + excess * (b as f64 + 0.5))
     });
-    (mass > 0.0).then(|| moment / mass * BIN_NS as f64)
+    if mass <= 0.0 {
+        return None;
+    }
+    let mut between = intensity[best / 4..=best * 3 / 4].to_vec();
+    between.sort_unstable_by(f64::total_cmp);
+    let background = between[between.len() / 2];
+    let error = (background.max(1.0 / per_bin) / (per_bin * (2 * SMOOTH + 1) as f64)).sqrt();
+    let withheld = match (background >= MIN_BACKGROUND, smooth[best] - background >= MIN_SIGMA * error) {
+        (false, _) => Some("comb"),
+        (true, false) => Some("no peak"),
+        (true, true) => None,
+    };
+    Some(Cycle { ns: moment / mass * BIN_NS as f64, withheld })
 }
 
 /// A TCP or UDP packet to `server` in an Ethernet frame, if it is one (parsed as the datapath
@@ -152,19 +186,26 @@ fn to(server: SocketAddr, at_ns: u64, frame: &[u8], ctx: &mut PacketCtx) -> Opti
 mod tests {
     use super::*;
 
+    /// A xorshift generator: uniform in [0, 1), three decimals.
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 1000) as f64 / 1000.0
+        }
+    }
+
     /// `streams` closed-loop streams of cycle `cycle_ns` (each jittered by a few percent), their
-    /// phases spread at random: the cycle found within 2 %, whatever the streams.
+    /// phases spread at random: the cycle found within 2 %, whatever the streams; withheld as a
+    /// comb for one stream (requests alone in their cycle are what a stream and a server
+    /// answering several streams one at a time both make), standing for several.
     #[test]
     fn the_cycle_of_interleaved_streams_is_their_latency() {
         let cycle_ns = 6_000_000;
         for streams in [1, 4, 16] {
-            let mut x = 12345u64 + streams;
-            let mut random = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % 1000) as f64 / 1000.0
-            };
+            let mut random = uniform(12345 + streams);
             let mut events = Vec::new();
             for _ in 0..streams {
                 let mut t = (random() * cycle_ns as f64) as u64;
@@ -176,7 +217,20 @@ mod tests {
             events.sort_unstable();
             events.dedup_by(|a, b| *a - *b < MERGE_NS);
             let found = cycle(&events, 0).expect("a cycle");
-            assert!((found / cycle_ns as f64 - 1.0).abs() < 0.02, "{streams} streams: {found}");
+            assert!((found.ns / cycle_ns as f64 - 1.0).abs() < 0.02, "{streams} streams: {}", found.ns);
+            assert_eq!(found.withheld, (streams == 1).then_some("comb"), "{streams} streams");
         }
+    }
+
+    /// Requests at random (exponential gaps, no cycle): whatever lag scores best is no peak.
+    #[test]
+    fn requests_without_a_cycle_have_none() {
+        let mut random = uniform(777);
+        let mut events = vec![0u64];
+        while *events.last().unwrap() < 3_000_000_000 {
+            let gap = -(1.0 - random()).max(1e-3).ln() * 1_000_000.0;
+            events.push(events.last().unwrap() + MERGE_NS + gap as u64);
+        }
+        assert_eq!(cycle(&events, 0).and_then(|c| c.withheld), Some("no peak"));
     }
 }

@@ -32,8 +32,9 @@ pub struct Run {
     /// it reported for the server, over its epochs.
     pub withheld: u64,
     pub flows: u64,
-    /// The requests' cycle's error against the client's mean, where the capture was kept.
-    pub cycle: Option<f64>,
+    /// The requests' cycle's error against the client's mean, where the capture was kept, and
+    /// why the cycle would be withheld.
+    pub cycle: Option<(f64, Option<&'static str>)>,
 }
 
 impl Run {
@@ -48,7 +49,7 @@ impl Run {
         let lines = || o.lines.iter().filter(|v| v["type"] == "server" && v["server"] == o.server.as_str());
         let count = |v: &Value, field| v[field].as_u64().unwrap_or(0);
         let withheld = lines().map(|v| count(v, "flows_without_figure")).sum();
-        let cycle = o.cycle.map(|c| (c - o.truth.mean) / o.truth.mean);
+        let cycle = o.cycle.as_ref().map(|c| (c.ns * 1e-9 / o.truth.mean - 1.0, c.withheld));
         Run { stats, withheld, flows: withheld + lines().map(|v| count(v, "flows")).sum::<u64>(), cycle }
     }
 

@@ -2,7 +2,8 @@
 //! p50/p90/p99 rows, each with the truth and both estimators' errors, and the case's flows
 //! whose figure pirated withheld. One run a case shows each figure; several show the median
 //! error, its range and the runs that reported no figure; with the captures kept (`--pcap`),
-//! the error of their requests' cycle (research: `cycle`). Markdown, padded so that it lines up
+//! the error of their requests' cycle (research: `cycle`; in parentheses where it would be
+//! withheld, with why). Markdown, padded so that it lines up
 //! in a terminal too; failed runs' messages follow the table (they would widen its columns),
 //! and a case whose every run failed gets an `error` row.
 
@@ -82,11 +83,23 @@ impl Table {
                 }
             }
             row.push(once(format!("{withheld}/{flows} flows")));
-            // The requests' cycle (with `--pcap`), against the mean.
-            let cycles: Vec<f64> = runs.iter().filter_map(|r| r.cycle).collect();
+            // The requests' cycle (with `--pcap`), against the mean, and the runs whose cycle
+            // would be withheld (in one run, why).
+            let cycles: Vec<f64> = runs.iter().filter_map(|r| r.cycle.map(|c| c.0)).collect();
+            let withheld: Vec<&str> = runs.iter().filter_map(|r| r.cycle.and_then(|c| c.1)).collect();
             row.push(match Spread::of(cycles) {
-                Some(c) if i == 0 && runs.len() == 1 => percent(c.median),
-                Some(c) if i == 0 => format!("{}, {:+.2} … {}", percent(c.median), c.min * 100.0, percent(c.max)),
+                Some(c) if i == 0 && runs.len() == 1 => match withheld.first() {
+                    Some(why) => format!("({}, {why})", percent(c.median)),
+                    None => percent(c.median),
+                },
+                Some(c) if i == 0 => format!(
+                    "{}, {:+.2} … {}, {}/{} withheld",
+                    percent(c.median),
+                    c.min * 100.0,
+                    percent(c.max),
+                    withheld.len(),
+                    runs.len()
+                ),
                 _ => once(none()),
             });
             self.rows.push(row);

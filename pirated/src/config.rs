@@ -46,6 +46,8 @@ pub struct MetricsConfig {
     pub max_servers: u32,
     /// Epochs without a figure after which a server's series are removed.
     pub idle_epochs: u32,
+    /// A latency histogram per server (643 series each), which sums across pirateds.
+    pub histograms: bool,
 }
 
 impl Default for Config {
@@ -70,7 +72,12 @@ impl Default for Config {
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9464)), max_servers: 10_000, idle_epochs: 300 }
+        MetricsConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            max_servers: 10_000,
+            idle_epochs: 300,
+            histograms: false,
+        }
     }
 }
 

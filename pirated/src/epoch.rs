@@ -47,7 +47,7 @@ impl Steps {
     /// With `compare`, Pirate reports both estimators' per-server quantiles (for JSON lines).
     pub fn new(config: &Config, compare: bool) -> Steps {
         Steps {
-            pirate: Step::new(&config.pirate, compare),
+            pirate: Step::new(&config.pirate, compare, config.metrics.histograms),
             fridge: config.fridge.enabled.then(|| Window::new(&config.fridge)),
         }
     }

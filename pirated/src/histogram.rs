@@ -45,6 +45,19 @@ impl BatchHistogram {
         }
     }
 
+    /// Adds a distribution given as its counts at or below each bound, +Inf's last (the count),
+    /// and the `sum` of its values: each bucket grows by its share.
+    pub fn add_at_or_below(&self, at_or_below: &[f64], sum: f64) {
+        let mut inner = self.inner.lock().unwrap();
+        let mut below = 0.0;
+        for (bucket, &upto) in inner.buckets.iter_mut().zip(at_or_below) {
+            bucket.1 += (upto - below).max(0.0);
+            below = below.max(upto);
+        }
+        inner.sum += sum;
+        inner.count += below;
+    }
+
     /// Observes every value (a value on a bound falls in that bound's bucket; NaN in +Inf's).
     pub fn observe_all<T: Sync>(&self, items: &[T], value: impl Fn(&T) -> Option<f64> + Sync) {
         let bounds: Vec<f64> = self.inner.lock().unwrap().buckets.iter().map(|b| b.0).collect();
@@ -126,5 +139,28 @@ mod tests {
         let expected = text(&|r| r.register("latency", "help", one.clone()));
         assert!(expected.contains("latency_count 10004"), "{expected}");
         assert_eq!(text(&|r| r.register("latency", "help", batch.clone())), expected);
+    }
+
+    /// Distributions given by their counts at or below each bound add up bucket by bucket: two
+    /// epochs' expose their sums, rounded, the count +Inf's.
+    #[test]
+    fn cumulative_counts_add_up() {
+        let h = BatchHistogram::new([1.0, 2.0, 4.0]);
+        h.add_at_or_below(&[0.4, 2.5, 2.5, 3.0], 4.5);
+        h.add_at_or_below(&[0.0, 1.2, 5.0, 6.0], 20.0);
+        let mut registry = Registry::default();
+        registry.register("latency", "help", h.clone());
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap();
+        for line in [
+            "latency_sum 24.5",
+            "latency_count 9",
+            "latency_bucket{le=\"1.0\"} 0",
+            "latency_bucket{le=\"2.0\"} 4",
+            "latency_bucket{le=\"4.0\"} 8",
+            "latency_bucket{le=\"+Inf\"} 9",
+        ] {
+            assert!(out.contains(line), "{line} in {out}");
+        }
     }
 }

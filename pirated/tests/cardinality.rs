@@ -68,7 +68,7 @@ fn figure(i: u64) -> ServerEstimate {
         .iter()
         .map(|&q| Quantile { q, estimate_ns: ms * (1.0 + q), lower_ns: ms, upper_ns: 3.0 * ms })
         .collect();
-    ServerEstimate { server: server(i), estimate_ns: ms, flows: 1, batches: 10, quantiles }
+    ServerEstimate { server: server(i), estimate_ns: ms, flows: 1, batches: 10, quantiles, at_or_below: vec![10.0] }
 }
 
 /// The servers whose latency the exposition carries.
@@ -94,7 +94,7 @@ fn a_million_servers_passing_in_a_day_leave_the_heap_flat() {
     let config = MetricsConfig::default();
     let idle = config.idle_epochs as u64;
     let mut registry = Registry::with_prefix("pirated");
-    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
+    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs, config.histograms);
     let mut hourly: Vec<isize> = Vec::new();
     let mut next = STEADY;
     let mut epoch_figures = Vec::new();
@@ -135,7 +135,7 @@ fn the_cap_refuses_new_servers_until_idle_ones_expire() {
     let _alone = ALONE.lock();
     let config = MetricsConfig { max_servers: 1_000, idle_epochs: 3, ..MetricsConfig::default() };
     let mut registry = Registry::with_prefix("pirated");
-    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
+    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs, config.histograms);
     let burst: Vec<ServerEstimate> = (0..5_000).map(figure).collect();
     let first: Vec<String> = (0..1_000).map(|i| server(i).to_string()).collect();
     let counts = |r: &Registry| {
@@ -163,4 +163,31 @@ fn the_cap_refuses_new_servers_until_idle_ones_expire() {
     metrics.publish_servers(&burst[4_000..]);
     assert_eq!(servers_shown(&registry).len(), 1_000);
     assert_eq!(counts(&registry), [1_000, 1_000, 8_000]);
+}
+
+/// With `histograms`, a server's histogram is one of its series: held within the cap, gone with
+/// the rest after `idle_epochs`, its count the batches' and its buckets' sum the latency's.
+#[test]
+fn histograms_come_and_go_with_their_servers() {
+    let _alone = ALONE.lock();
+    let config = MetricsConfig { max_servers: 10, idle_epochs: 2, histograms: true, ..MetricsConfig::default() };
+    let mut registry = Registry::with_prefix("pirated");
+    let mut metrics = Metrics::register(&mut registry, config.max_servers, config.idle_epochs, config.histograms);
+    let text = |r: &Registry| {
+        let mut text = String::new();
+        encode(&mut text, r).unwrap();
+        text
+    };
+    metrics.publish_servers(&(0..15).map(figure).collect::<Vec<_>>());
+    let shown = text(&registry);
+    let counts: Vec<&str> =
+        shown.lines().filter(|l| l.starts_with("pirated_server_batch_latency_seconds_count{")).collect();
+    assert_eq!(counts.len(), 10, "{counts:?}");
+    assert!(counts.iter().all(|l| l.ends_with(" 10")), "{counts:?}");
+    // Server 0's 10 batches at 1 ms.
+    assert!(shown.contains(&format!("pirated_server_batch_latency_seconds_sum{{server=\"{}\"}} 0.01\n", server(0))));
+    for _ in 0..2 {
+        metrics.publish_servers(&[]);
+    }
+    assert!(!text(&registry).contains("server=\""), "series left after expiry");
 }

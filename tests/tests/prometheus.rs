@@ -129,7 +129,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() -> Result<()> {
     let tb = OnePoint::new()?;
     let service = [(Duration::from_millis(2), 0.5), (Duration::from_millis(5), 0.5)];
     servers::think_time_http(&tb.server, 8080, &service, 7)?;
-    let config = format!("epoch = \"500ms\"\n[metrics]\nidle_epochs = {IDLE_EPOCHS}\n");
+    let config = format!("epoch = \"500ms\"\n[metrics]\nidle_epochs = {IDLE_EPOCHS}\nhistograms = true\n");
     let mut pirated = Pirated::start(&tb.vp, VP_CLIENT_IF, &config)?;
     let prometheus = Prometheus::start(&tb, &pirated.listen)?;
     let server: SocketAddr = format!("{SERVER_IP}:8080").parse()?;
@@ -170,6 +170,26 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() -> Result<()> {
         bail!("queries without data after 20 s:\n{waiting:#?}");
     }
     eprintln!("{} dashboard queries returned data", queries.len());
+    // The server's histogram summed as a fleet's would be: its p90 over the window lies within
+    // the bounds the per-epoch p90 gauges gave over it.
+    let window = |f: &str, bound: &str| {
+        format!("{f}_over_time(pirated_server_response_latency_quantile_bound_seconds{{q=\"0.9\",bound=\"{bound}\"}}[{RATE_INTERVAL}])")
+    };
+    let histogram = format!(
+        "histogram_quantile(0.9, sum by (le, server) (rate(pirated_server_batch_latency_seconds_bucket[{RATE_INTERVAL}])))"
+    );
+    let value = |q: &str| -> Result<f64> {
+        let data = Prometheus::api(&tb, "query", &[("query", q)])?;
+        data["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).with_context(|| format!("{q}: {data}"))
+    };
+    let (p90, lower, upper) = (value(&histogram)?, value(&window("min", "lower"))?, value(&window("max", "upper"))?);
+    eprintln!(
+        "p90 from the summed histogram {:.3} ms, the gauges' bounds {:.3} … {:.3} ms",
+        p90 * 1e3,
+        lower * 1e3,
+        upper * 1e3
+    );
+    ensure!(lower <= p90 && p90 <= upper, "the histogram's p90 {p90} outside [{lower}, {upper}]");
 
     // The exposition's names, types and help, as Prometheus's own linter reads them: in the
     // classic text format, which a client gets unless it asks for OpenMetrics, as Prometheus

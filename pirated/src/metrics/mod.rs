@@ -62,7 +62,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(config: &MetricsConfig) -> Metrics {
         let mut registry = Registry::with_prefix("pirated");
-        let pirate = pirate::metrics::Metrics::register(&mut registry, config.max_servers, config.idle_epochs);
+        let pirate = pirate::metrics::Metrics::register(
+            &mut registry,
+            config.max_servers,
+            config.idle_epochs,
+            config.histograms,
+        );
         let fridge = fridge::metrics::Metrics::register(&mut registry);
         let rli = rli::metrics::Metrics::register(&mut registry);
         let lb = lb::metrics::Metrics::register(&mut registry);

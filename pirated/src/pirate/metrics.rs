@@ -14,7 +14,7 @@ use prometheus_client::{
 use pirate_common::counters;
 
 use super::{
-    estimate::{servers::ServerEstimate, NoFigure},
+    estimate::{quantile, servers::ServerEstimate, NoFigure},
     report::EpochReport,
 };
 use crate::histogram::BatchHistogram;
@@ -44,6 +44,9 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+/// A latency histogram per server, made by [`server_histogram`].
+type ServerHistograms = Family<ServerLabel, BatchHistogram, fn() -> BatchHistogram>;
+
 pub struct Metrics {
     server_latency: Family<ServerLabel, Gauge<f64, AtomicU64>>,
     server_quantile: Family<QuantileLabel, Gauge<f64, AtomicU64>>,
@@ -51,6 +54,8 @@ pub struct Metrics {
     server_flows: Family<ServerLabel, Gauge>,
     server_seconds: Family<ServerLabel, Counter<f64, AtomicU64>>,
     server_batches: Family<ServerLabel, Counter>,
+    /// With `metrics.histograms`.
+    server_batch_latency: Option<ServerHistograms>,
     series: Series,
     series_held: Gauge,
     series_expired: Counter,
@@ -66,10 +71,12 @@ pub struct Metrics {
 
 impl Metrics {
     /// Families in `registry`; per-server series for at most `max_servers` servers at once, each
-    /// removed after `idle_epochs` epochs without a figure.
-    pub fn register(registry: &mut Registry, max_servers: u32, idle_epochs: u32) -> Metrics {
+    /// removed after `idle_epochs` epochs without a figure, histograms among them where
+    /// `histograms` says.
+    pub fn register(registry: &mut Registry, max_servers: u32, idle_epochs: u32, histograms: bool) -> Metrics {
+        let (max, idle) = (max_servers as usize, idle_epochs as u64);
         let m = Metrics {
-            series: Series { last: HashMap::new(), epoch: 0, max: max_servers as usize, idle: idle_epochs as u64 },
+            series: Series { last: HashMap::new(), epoch: 0, max, idle },
             series_held: Gauge::default(),
             series_expired: Counter::default(),
             series_refused: Counter::default(),
@@ -79,6 +86,7 @@ impl Metrics {
             server_flows: Family::default(),
             server_seconds: Family::default(),
             server_batches: Family::default(),
+            server_batch_latency: histograms.then(|| Family::new_with_constructor(server_histogram as fn() -> _)),
             // 50 µs … ~21.6 s, ×1.5 per bucket.
             flow_latency: BatchHistogram::new(exponential_buckets(50e-6, 1.5, 33)),
             flows_tracked: Gauge::default(),
@@ -118,6 +126,13 @@ impl Metrics {
             "Request batches (responses waited for) measured per server",
             m.server_batches.clone(),
         );
+        if let Some(family) = &m.server_batch_latency {
+            registry.register(
+                "server_batch_latency_seconds",
+                "Response latency of each request batch per server, as the quantiles read it (a batch's share in each bucket its mode spans): fixed buckets, 32 a factor of two from 2^-17 s to 8 s, the same in every pirated, so that histogram_quantile over the sum of many pirateds' rates is theirs together (metrics.histograms)",
+                family.clone(),
+            );
+        }
         registry.register(
             "server_series",
             "Servers holding per-server series now (at most metrics.max_servers)",
@@ -210,6 +225,9 @@ impl Metrics {
                 let label = ServerLabel { server: server.to_string() };
                 self.server_seconds.remove(&label);
                 self.server_batches.remove(&label);
+                if let Some(family) = &self.server_batch_latency {
+                    family.remove(&label);
+                }
                 self.series_expired.inc();
             }
             keep
@@ -234,9 +252,18 @@ impl Metrics {
             self.server_flows.get_or_create(&label).set(s.flows as i64);
             self.server_seconds.get_or_create(&label).inc_by(s.estimate_ns * s.batches as f64 / 1e9);
             self.server_batches.get_or_create(&label).inc_by(s.batches);
+            if let Some(family) = &self.server_batch_latency {
+                let ends = s.at_or_below.last().copied().unwrap_or(0.0);
+                family.get_or_create(&label).add_at_or_below(&s.at_or_below, s.estimate_ns * ends / 1e9);
+            }
         }
         self.series_held.set(series.last.len() as i64);
     }
+}
+
+/// A server's latency histogram, its buckets [`quantile::histogram_bounds_ns`]'s.
+fn server_histogram() -> BatchHistogram {
+    BatchHistogram::new(quantile::histogram_bounds_ns().map(|ns| ns / 1e9))
 }
 
 /// The servers holding series, each with the last epoch it had a figure (epochs counted here).

@@ -54,14 +54,15 @@ pub struct EpochReport {
 impl EpochReport {
     /// Estimates every flow of the epoch, on every CPU, and aggregates them per server. Only the
     /// configured estimator, unless `compare` (for the JSON lines, which carry both: they cost as
-    /// much again). The per-flow vectors are written into `scratch`'s memory.
+    /// much again); per-server histograms where `histograms`. The per-flow vectors are written
+    /// into `scratch`'s memory.
     pub fn new(
         epoch: u32,
         flows: Vec<FlowEpoch>,
         scratch: Scratch,
         settings: &Settings,
         estimator: Estimator,
-        compare: bool,
+        (compare, histograms): (bool, bool),
     ) -> EpochReport {
         let wanted = |which| compare || estimator == which;
         let (want_paper, want_batches) = (wanted(Estimator::Paper), wanted(Estimator::Batches));
@@ -92,7 +93,7 @@ impl EpochReport {
         let discarded = shares.iter().map(|s| s.discarded).sum();
         let numberings: Vec<Numbering> = shares.into_iter().map(|s| s.servers).collect();
         let [servers_paper, servers_batches] =
-            per_server(&numberings, &flows, &estimates, &mut spans, settings.epsilon);
+            per_server(&numberings, &flows, &estimates, &mut spans, settings.epsilon, histograms);
         EpochReport {
             epoch,
             estimator,

@@ -15,15 +15,17 @@ pub struct Step {
     estimator: Estimator,
     /// Both estimators' per-server quantiles, for the JSON lines (they cost as much again).
     compare: bool,
+    /// Per-server histograms, for `metrics.histograms`.
+    histograms: bool,
 }
 
 impl Step {
-    pub fn new(config: &PirateConfig, compare: bool) -> Step {
-        Step { settings: config.settings(), estimator: config.estimator, compare }
+    pub fn new(config: &PirateConfig, compare: bool, histograms: bool) -> Step {
+        Step { settings: config.settings(), estimator: config.estimator, compare, histograms }
     }
 
     /// Estimates epoch `epoch`'s `flows` into `scratch`'s memory (the last epoch's, or new).
     pub fn run(&self, epoch: u32, flows: Vec<FlowEpoch>, scratch: Scratch) -> EpochReport {
-        EpochReport::new(epoch, flows, scratch, &self.settings, self.estimator, self.compare)
+        EpochReport::new(epoch, flows, scratch, &self.settings, self.estimator, (self.compare, self.histograms))
     }
 }

@@ -45,6 +45,9 @@ struct Args {
     /// active in the one before (a table of long-lived connections, most of them idle).
     #[arg(long, default_value_t = 1.0)]
     active: f64,
+    /// Per-server latency histograms in the metrics (`metrics.histograms`).
+    #[arg(long)]
+    histograms: bool,
 }
 
 /// Distinct per-flow traffic shapes; flows reuse them under their own keys.
@@ -120,7 +123,8 @@ fn ms(started: Instant) -> f64 {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let base = Config::default();
+    let mut base = Config::default();
+    base.metrics.histograms = args.histograms;
     let templates: Vec<FlowState<MODES_COMPACT>> = (0..TEMPLATES).map(|t| template(t, &base)).collect();
     println!(
         "epoch benchmark: {} servers, {} gaps in {} modes per flow (template 0), {:.0} % of the flows active; {} CPUs",
@@ -176,7 +180,8 @@ fn main() -> Result<()> {
 
         // As the daemon's loop runs it without JSON: the configured estimator's figures only,
         // each epoch filling the last one's vectors, sized at start for the table it finds.
-        let (pipeline, mut metrics) = (Step::new(&config.pirate, false), Metrics::new(&config.metrics));
+        let (pipeline, mut metrics) =
+            (Step::new(&config.pirate, false, config.metrics.histograms), Metrics::new(&config.metrics));
         let started = Instant::now();
         let tracked = records.tracked();
         let (mut flows, mut scratch) = (buffer::populated(tracked), Scratch::with_room(tracked));
@@ -202,7 +207,7 @@ fn main() -> Result<()> {
         // With --output json: both estimators' figures, and every line written.
         let flows = records.drain(EPOCH, flows)?.flows;
         let started = Instant::now();
-        let report = Step::new(&config.pirate, true).run(EPOCH, flows, scratch);
+        let report = Step::new(&config.pirate, true, false).run(EPOCH, flows, scratch);
         let json_estimate = ms(started);
         let started = Instant::now();
         report.write_json(&mut sink())?;

@@ -482,7 +482,8 @@ mod tests {
             let settings = Settings { epsilon: eps, ..settings };
             let (paper, batches) = settings.estimate(IPPROTO_TCP, &modes, true, true);
             let (paper, batches) = (paper.unwrap(), batches.unwrap());
-            let report = EpochReport::new(1, vec![flow], Scratch::default(), &settings, Estimator::Batches, false);
+            let report =
+                EpochReport::new(1, vec![flow], Scratch::default(), &settings, Estimator::Batches, (false, false));
             let p99 = report.servers()[0].quantiles[2].estimate_ns;
             (modes.len(), paper.estimate_ns, batches.estimate_ns, p99)
         };

@@ -88,6 +88,40 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         .collect()
 }
 
+/// The bounds of the per-server latency histograms, ns: 32 a factor of two (2.2 % apart, a
+/// fifth of a mode's width or less, so that within a bucket the distribution is nearly linear
+/// and a quantile read off the buckets falls within 1 % of the estimate's: 16 a factor of two
+/// read a skewed mode's median 1.3 % off), from 2⁻¹⁷ s (7.6 µs) to 2³ s (8 s): 641 bounds.
+/// Fixed, so that every pirated's buckets add up.
+pub fn histogram_bounds_ns() -> impl Iterator<Item = f64> {
+    const PER_OCTAVE: i32 = 32;
+    (-17 * PER_OCTAVE..=3 * PER_OCTAVE).map(|k| 1e9 * (k as f64 / PER_OCTAVE as f64).exp2())
+}
+
+/// How many of the batch-to-batch times in `spans` lie at or below each of `bounds` (ns,
+/// ascending), as the quantiles read them, and last all of them: a histogram's cumulative
+/// buckets, +Inf's last. Cost: the bounds within each span's, and a search per span.
+pub fn at_or_below(spans: &[Span], bounds: &[f64]) -> Vec<f64> {
+    let mut below = vec![0.0; bounds.len() + 1];
+    // A part's every gap, from the first bound at or above its maximum on.
+    let mut whole = vec![0.0; bounds.len() + 1];
+    let parts = spans.iter().filter(|s| !s.merged).flat_map(Part::within).chain(merged::place(spans));
+    for part in parts {
+        let (first, end) = (bounds.partition_point(|&b| b < part.lo_ns), bounds.partition_point(|&b| b < part.hi_ns));
+        if first < end {
+            let fit = Fit::new(&part);
+            (first..end).for_each(|j| below[j] += fit.at(bounds[j]).0);
+        }
+        whole[end] += part.count;
+    }
+    let mut all = 0.0;
+    for (b, w) in below.iter_mut().zip(&whole) {
+        all += w;
+        *b += all;
+    }
+    below
+}
+
 /// The smallest value (of ascending `values` with counts) whose cumulative count reaches `rank`.
 fn weighted_rank(values: &[(f64, u64)], rank: f64) -> f64 {
     let mut seen = 0.0;
@@ -283,6 +317,33 @@ mod tests {
         for (q, scales) in q.iter().zip([1.678, 3.890, 6.638]) {
             let exp = 1000.0 + 25.0 * scales;
             assert!((q.estimate_ns - exp).abs() < 0.5, "{q:?} vs {exp}");
+        }
+    }
+
+    /// A server's modes, some wider than a bucket, one merged, and whole modes: the histogram
+    /// holds every batch, rises with its bounds, and a quantile read off it as Prometheus's
+    /// `histogram_quantile` does (linearly within the bucket it falls in) is within 1 % of the
+    /// estimate's wherever the bucket is narrower than the mode it falls in.
+    #[test]
+    fn the_histogram_reads_the_quantiles_back() {
+        let mut spans = vec![
+            span(4.8e6, 5.3e6, 4.9e6, 700),
+            span(5.3e6, 5.8e6, 5.5e6, 200),
+            span(9.5e6, 10.4e6, 9.9e6, 90),
+            Span { whole: true, ..span(30e6, 33e6, 31e6, 9) },
+        ];
+        spans.push(Span { merged: true, ..span(12e6, 40e6, 20e6, 11) });
+        let bounds: Vec<f64> = histogram_bounds_ns().collect();
+        let buckets = at_or_below(&spans, &bounds);
+        assert_eq!(buckets.len(), bounds.len() + 1);
+        assert!((buckets[bounds.len()] - 1010.0).abs() < 1e-9, "{}", buckets[bounds.len()]);
+        assert!(buckets.windows(2).all(|w| w[1] >= w[0] - 1e-9));
+        for q in quantiles(&spans, &QUANTILES) {
+            let rank = q.q * 1010.0;
+            let j = buckets.partition_point(|&c| c < rank);
+            let (lo, below) = if j == 0 { (0.0, 0.0) } else { (bounds[j - 1], buckets[j - 1]) };
+            let read = lo + (bounds[j] - lo) * (rank - below) / (buckets[j] - below);
+            assert!((read / q.estimate_ns - 1.0).abs() < 0.01, "p{}: {read} against {q:?}", q.q * 100.0);
         }
     }
 

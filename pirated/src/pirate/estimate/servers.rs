@@ -24,6 +24,9 @@ pub struct ServerEstimate {
     pub batches: u64,
     /// Response-latency quantiles (`QUANTILES`) over the server's batches.
     pub quantiles: Vec<Quantile>,
+    /// Its batches at or below each of [`quantile::histogram_bounds_ns`], as the quantiles read
+    /// them, and last all of them (empty without histograms).
+    pub at_or_below: Vec<f64>,
 }
 
 /// The estimators, in the order of the per-estimator arrays here.
@@ -82,14 +85,16 @@ impl Numbering {
 
 /// Each estimator's figures per server, in address order (a server appears for an estimator
 /// with a figure for any of its flows), from the numberings of consecutive shares of `flows`
-/// (in order) and each flow's server's number (`Estimates::server`). The spans are written into
-/// `spans`' memory.
+/// (in order) and each flow's server's number (`Estimates::server`), with histograms where
+/// `histograms` (a few searches a span: as much again as the rest at a million flows). The spans
+/// are written into `spans`' memory.
 pub fn per_server(
     shares: &[Numbering],
     flows: &[FlowEpoch],
     estimates: &[Estimates],
     spans: &mut Vec<Span>,
     eps: Epsilon,
+    histograms: bool,
 ) -> [Vec<ServerEstimate>; 2] {
     // Every share's servers, renumbered over all of them, and their sums merged.
     let mut numbers: HashMap<SocketAddr, usize, RandomState> = HashMap::default();
@@ -163,6 +168,7 @@ pub fn per_server(
     unsafe { spans.set_len(total) };
 
     let spans = &spans[..];
+    let bounds: Vec<f64> = if histograms { quantile::histogram_bounds_ns().collect() } else { Vec::new() };
     let listed: Vec<_> = servers.into_iter().zip(ranges).collect();
     let both = crate::parallel::map(&listed, |((server, g), ranges)| {
         std::array::from_fn::<_, 2, _>(|k| {
@@ -173,6 +179,10 @@ pub fn per_server(
                 flows: s.flows,
                 batches: s.batches,
                 quantiles: quantile::quantiles(&spans[ranges[k].clone()], &QUANTILES),
+                at_or_below: match histograms {
+                    true => quantile::at_or_below(&spans[ranges[k].clone()], &bounds),
+                    false => Vec::new(),
+                },
             })
         })
     });
@@ -236,7 +246,8 @@ mod tests {
             }
             shares.push(share);
         }
-        let got = per_server(&shares, &flows, &numbered, &mut Vec::new(), settings.epsilon);
+        let got = per_server(&shares, &flows, &numbered, &mut Vec::new(), settings.epsilon, true);
+        let bounds: Vec<f64> = quantile::histogram_bounds_ns().collect();
 
         let mut by_server: BTreeMap<SocketAddr, Vec<usize>> = BTreeMap::new();
         (0..flows.len()).for_each(|i| by_server.entry(flows[i].key.server()).or_default().push(i));
@@ -257,6 +268,7 @@ mod tests {
                         flows: found.len(),
                         batches,
                         quantiles: quantile::quantiles(&spans, &QUANTILES),
+                        at_or_below: quantile::at_or_below(&spans, &bounds),
                     })
                 })
                 .collect();

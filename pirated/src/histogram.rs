@@ -19,6 +19,21 @@ struct Inner {
     buckets: Vec<(f64, f64)>,
 }
 
+/// Buckets a factor of two is cut into, in the histograms meant to sum across pirateds: 2.2 %
+/// apart, a fifth of a Pirate mode's width or less, so that within a bucket the distribution is
+/// nearly linear and a quantile read off the buckets as `histogram_quantile` does lies within 1 %
+/// of the estimate's (16 a factor of two read a skewed mode's median 1.3 % off).
+pub const PER_OCTAVE: i32 = 32;
+/// Their lowest bound: 2⁻¹⁷ s, 7.6 µs.
+pub const LOWEST_OCTAVE: i32 = -17;
+
+/// The bounds (seconds) of the latency histograms that sum across pirateds: [`PER_OCTAVE`] a
+/// factor of two from 2^[`LOWEST_OCTAVE`] s to 2^`top` s. Fixed, the same in every pirated and
+/// every family (their ranges differ only in `top`), so that Prometheus can add their buckets.
+pub fn latency_bounds(top: i32) -> impl Iterator<Item = f64> {
+    (LOWEST_OCTAVE * PER_OCTAVE..=top * PER_OCTAVE).map(|k| (k as f64 / PER_OCTAVE as f64).exp2())
+}
+
 #[derive(Clone, Debug)]
 pub struct BatchHistogram {
     inner: Arc<Mutex<Inner>>,
@@ -139,6 +154,55 @@ mod tests {
         let expected = text(&|r| r.register("latency", "help", one.clone()));
         assert!(expected.contains("latency_count 10004"), "{expected}");
         assert_eq!(text(&|r| r.register("latency", "help", batch.clone())), expected);
+    }
+
+    /// Weighted delays spread as a service's are (log-normal, a factor of 1.5 either side of
+    /// 2 ms, weights 1–4 as a fridge's corrections): their p50, p90 and p99 read off the latency
+    /// buckets as `histogram_quantile` does lie within 1 % of the weighted samples'.
+    #[test]
+    fn quantiles_read_off_the_latency_buckets_are_within_a_percent() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut samples: Vec<(f64, f64)> = (0..20_000)
+            .map(|_| {
+                // Box–Muller: a normal deviate.
+                let z = (-2.0 * uniform().max(1e-12).ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
+                (2e-3 * 1.5f64.powf(z), 1.0 + (3.0 * uniform()).floor())
+            })
+            .collect();
+        let bounds: Vec<f64> = latency_bounds(7).collect();
+        let h = BatchHistogram::new(bounds.clone());
+        h.observe_weighted(samples.iter().copied());
+        let inner = h.inner.lock().unwrap();
+        let mut run = 0.0;
+        let cumulative: Vec<f64> = inner
+            .buckets
+            .iter()
+            .map(|b| {
+                run += b.1;
+                run
+            })
+            .collect();
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total: f64 = samples.iter().map(|s| s.1).sum();
+        for q in [0.5, 0.9, 0.99] {
+            let rank = q * total;
+            let mut seen = 0.0;
+            let exact = samples.iter().find(|s| {
+                seen += s.1;
+                seen >= rank
+            });
+            let exact = exact.unwrap().0;
+            let j = cumulative.partition_point(|&c| c < rank);
+            let (lo, below) = if j == 0 { (0.0, 0.0) } else { (bounds[j - 1], cumulative[j - 1]) };
+            let read = lo + (bounds[j] - lo) * (rank - below) / (cumulative[j] - below);
+            assert!((read / exact - 1.0).abs() < 0.01, "p{}: {read} against {exact}", q * 100.0);
+        }
     }
 
     /// Distributions given by their counts at or below each bound add up bucket by bucket: two

@@ -455,6 +455,19 @@ fn through_a_queue(seg: &Segment, start: impl FnOnce() -> Result<Points>) -> Res
     let with_mean = |l: &&Value| l["type"] == "segment_flow" && l["rli"]["mean_ns"].is_number();
     let published = lines.iter().filter(with_mean).filter(|l| l["interval"].as_i64() <= Some(after)).count();
     ensure!(observed >= published as f64 && observed <= lines.iter().filter(with_mean).count() as f64);
+    // And the delay histogram every interval's references, the same way.
+    let in_histogram = metric(&metrics, "pirated_rli_delay_seconds_count");
+    let refs = |l: &&Value| l["type"] == "segment_references";
+    let taken = |upto: i64| -> f64 {
+        let lines = lines.iter().filter(refs).filter(|l| l["interval"].as_i64() <= Some(upto));
+        lines.map(|l| l["references"].as_f64().unwrap_or(0.0)).sum()
+    };
+    ensure!(
+        in_histogram >= taken(after) && in_histogram <= taken(i64::MAX),
+        "{in_histogram} references in the histogram, {} … {} in the lines",
+        taken(after),
+        taken(i64::MAX)
+    );
     ensure!(!metrics.lines().any(|l| l.starts_with("pirated_rli") && l.contains("client")), "a series per flow");
 
     let truth_of =

@@ -6,14 +6,14 @@ use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::exponential_buckets},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
 use pirate_common::{counters, fridge::class::NAMES};
 
 use super::report::{FridgeReport, QUANTILES};
-use crate::histogram::BatchHistogram;
+use crate::histogram::{latency_bounds, BatchHistogram};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
@@ -54,9 +54,10 @@ pub struct Metrics {
     recalibrations: Counter,
 }
 
-/// 10 µs … ~168 s, ×2 per bucket.
+/// The delay histograms' buckets: [`latency_bounds`]'s up to 2⁷ s (128 s), the same as every
+/// pirated's, so that a fleet's add up.
 fn delay_histogram() -> BatchHistogram {
-    BatchHistogram::new(exponential_buckets(10e-6, 2.0, 25))
+    BatchHistogram::new(latency_bounds(7))
 }
 
 impl Metrics {
@@ -92,7 +93,7 @@ impl Metrics {
         );
         r.register(
             "delay_seconds",
-            "Request-to-response delays per class; counts are the pairs the samples stand for (each weighted by its correction factor), rounded",
+            "Request-to-response delays per class; counts are the pairs the samples stand for (each weighted by its correction factor), rounded; fixed buckets, 32 a factor of two from 2^-17 s to 128 s, the same in every pirated, so that histogram_quantile over the sum of many pirateds' rates is theirs together",
             m.delay.clone(),
         );
         r.register("samples", "Responses matched to their waiting request, per class", m.samples.clone());

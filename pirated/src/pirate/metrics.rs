@@ -14,10 +14,13 @@ use prometheus_client::{
 use pirate_common::counters;
 
 use super::{
-    estimate::{quantile, servers::ServerEstimate, NoFigure},
+    estimate::{
+        servers::{self, ServerEstimate},
+        NoFigure,
+    },
     report::EpochReport,
 };
-use crate::histogram::BatchHistogram;
+use crate::histogram::{latency_bounds, BatchHistogram};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ServerLabel {
@@ -261,9 +264,9 @@ impl Metrics {
     }
 }
 
-/// A server's latency histogram, its buckets [`quantile::histogram_bounds_ns`]'s.
+/// A server's latency histogram, its buckets [`servers::histogram_bounds_ns`]'s.
 fn server_histogram() -> BatchHistogram {
-    BatchHistogram::new(quantile::histogram_bounds_ns().map(|ns| ns / 1e9))
+    BatchHistogram::new(latency_bounds(servers::PIRATE_TOP_OCTAVE))
 }
 
 /// The servers holding series, each with the last epoch it had a figure (epochs counted here).

@@ -22,9 +22,10 @@ use pirate_common::counters;
 
 use super::{
     drain::FlowFigures,
-    quantiles::{Summary, QUANTILES},
+    quantiles::{self, Summary, QUANTILES},
     sampled::Outcomes,
 };
+use crate::histogram::{latency_bounds, BatchHistogram};
 
 /// Servers with a mean series at once: the ones with the most packets in the interval.
 pub const MAX_SERVERS: usize = 1000;
@@ -61,6 +62,7 @@ pub struct Metrics {
     interval_references: Gauge,
     server_mean: Family<ServerLabel, GaugeF>,
     flow_mean: Histogram,
+    delay: BatchHistogram,
 }
 
 /// The counters behind `references`, and their outcome labels.
@@ -86,6 +88,7 @@ impl Metrics {
             server_mean: Family::default(),
             // 1 µs … ~8.4 s, ×2 per bucket.
             flow_mean: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            delay: BatchHistogram::new(latency_bounds(quantiles::TOP_OCTAVE)),
         };
         let r = registry.sub_registry_with_prefix("rli");
         r.register(
@@ -112,6 +115,11 @@ impl Metrics {
             "delay_quantile_seconds",
             "Quantiles (0.5, 0.9, 0.99, 0.999) of the segment's one-way delay over the last interval, from its references; a quantile is absent when the interval had too few (2, 10, 100, 1000)",
             m.quantile.clone(),
+        );
+        r.register(
+            "delay_seconds",
+            "The segment's one-way delay at each reference, every interval's: fixed buckets, 32 a factor of two from 2^-17 s to 8 s, the same in every pirated, so that histogram_quantile over the sum of many pirateds' rates (many segments, or one segment's intervals) is theirs together",
+            m.delay.clone(),
         );
         r.register(
             "interval_references",
@@ -155,6 +163,7 @@ impl Metrics {
         self.mean.clear();
         self.std_dev.clear();
         if let Some(s) = references {
+            self.delay.add_at_or_below(&s.at_or_below, s.mean * s.count as f64 * 1e-9);
             self.mean.get_or_create(&Vec::new()).set(s.mean * 1e-9);
             if s.count > 1 {
                 self.std_dev.get_or_create(&Vec::new()).set(s.std_dev * 1e-9);

@@ -88,16 +88,6 @@ pub fn quantiles(spans: &[Span], qs: &[f64]) -> Vec<Quantile> {
         .collect()
 }
 
-/// The bounds of the per-server latency histograms, ns: 32 a factor of two (2.2 % apart, a
-/// fifth of a mode's width or less, so that within a bucket the distribution is nearly linear
-/// and a quantile read off the buckets falls within 1 % of the estimate's: 16 a factor of two
-/// read a skewed mode's median 1.3 % off), from 2⁻¹⁷ s (7.6 µs) to 2³ s (8 s): 641 bounds.
-/// Fixed, so that every pirated's buckets add up.
-pub fn histogram_bounds_ns() -> impl Iterator<Item = f64> {
-    const PER_OCTAVE: i32 = 32;
-    (-17 * PER_OCTAVE..=3 * PER_OCTAVE).map(|k| 1e9 * (k as f64 / PER_OCTAVE as f64).exp2())
-}
-
 /// How many of the batch-to-batch times in `spans` lie at or below each of `bounds` (ns,
 /// ascending), as the quantiles read them, and last all of them: a histogram's cumulative
 /// buckets, +Inf's last. Cost: the bounds within each span's, and a search per span.
@@ -333,7 +323,7 @@ mod tests {
             Span { whole: true, ..span(30e6, 33e6, 31e6, 9) },
         ];
         spans.push(Span { merged: true, ..span(12e6, 40e6, 20e6, 11) });
-        let bounds: Vec<f64> = histogram_bounds_ns().collect();
+        let bounds: Vec<f64> = crate::pirate::estimate::servers::histogram_bounds_ns().collect();
         let buckets = at_or_below(&spans, &bounds);
         assert_eq!(buckets.len(), bounds.len() + 1);
         assert!((buckets[bounds.len()] - 1010.0).abs() < 1e-9, "{}", buckets[bounds.len()]);

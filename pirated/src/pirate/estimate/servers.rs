@@ -24,8 +24,8 @@ pub struct ServerEstimate {
     pub batches: u64,
     /// Response-latency quantiles (`QUANTILES`) over the server's batches.
     pub quantiles: Vec<Quantile>,
-    /// Its batches at or below each of [`quantile::histogram_bounds_ns`], as the quantiles read
-    /// them, and last all of them (empty without histograms).
+    /// Its batches at or below each of [`histogram_bounds_ns`]'s, as the quantiles read them,
+    /// and last all of them (empty without histograms).
     pub at_or_below: Vec<f64>,
 }
 
@@ -49,6 +49,15 @@ impl Sums {
         self.spans += other.spans;
     }
 }
+
+/// The bounds of the per-server latency histograms, ns: [`crate::histogram::latency_bounds`]'s
+/// up to 2³ s (8 s, beyond any idle floor a response is told from).
+pub fn histogram_bounds_ns() -> impl Iterator<Item = f64> {
+    crate::histogram::latency_bounds(PIRATE_TOP_OCTAVE).map(|s| s * 1e9)
+}
+
+/// The top of the per-server histograms' bounds: 2³ s.
+pub const PIRATE_TOP_OCTAVE: i32 = 3;
 
 /// The servers of a consecutive share of the flows, numbered in the order they were met, with
 /// their sums over the share's flows.
@@ -168,7 +177,7 @@ pub fn per_server(
     unsafe { spans.set_len(total) };
 
     let spans = &spans[..];
-    let bounds: Vec<f64> = if histograms { quantile::histogram_bounds_ns().collect() } else { Vec::new() };
+    let bounds: Vec<f64> = if histograms { histogram_bounds_ns().collect() } else { Vec::new() };
     let listed: Vec<_> = servers.into_iter().zip(ranges).collect();
     let both = crate::parallel::map(&listed, |((server, g), ranges)| {
         std::array::from_fn::<_, 2, _>(|k| {
@@ -247,7 +256,7 @@ mod tests {
             shares.push(share);
         }
         let got = per_server(&shares, &flows, &numbered, &mut Vec::new(), settings.epsilon, true);
-        let bounds: Vec<f64> = quantile::histogram_bounds_ns().collect();
+        let bounds: Vec<f64> = histogram_bounds_ns().collect();
 
         let mut by_server: BTreeMap<SocketAddr, Vec<usize>> = BTreeMap::new();
         (0..flows.len()).for_each(|i| by_server.entry(flows[i].key.server()).or_default().push(i));

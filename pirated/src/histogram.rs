@@ -34,6 +34,15 @@ pub fn latency_bounds(top: i32) -> impl Iterator<Item = f64> {
     (LOWEST_OCTAVE * PER_OCTAVE..=top * PER_OCTAVE).map(|k| (k as f64 / PER_OCTAVE as f64).exp2())
 }
 
+/// What Prometheus's `histogram_quantile` reads at `rank` off cumulative counts (`at_or_below[j]`
+/// at or below `bounds[j]`, ascending): linearly within the bucket the rank falls in.
+#[cfg(test)]
+pub fn read_at_rank(bounds: &[f64], at_or_below: &[f64], rank: f64) -> f64 {
+    let j = at_or_below.partition_point(|&c| c < rank);
+    let (lo, below) = if j == 0 { (0.0, 0.0) } else { (bounds[j - 1], at_or_below[j - 1]) };
+    lo + (bounds[j] - lo) * (rank - below) / (at_or_below[j] - below)
+}
+
 #[derive(Clone, Debug)]
 pub struct BatchHistogram {
     inner: Arc<Mutex<Inner>>,
@@ -198,9 +207,7 @@ mod tests {
                 seen >= rank
             });
             let exact = exact.unwrap().0;
-            let j = cumulative.partition_point(|&c| c < rank);
-            let (lo, below) = if j == 0 { (0.0, 0.0) } else { (bounds[j - 1], cumulative[j - 1]) };
-            let read = lo + (bounds[j] - lo) * (rank - below) / (cumulative[j] - below);
+            let read = read_at_rank(&bounds, &cumulative, rank);
             assert!((read / exact - 1.0).abs() < 0.01, "p{}: {read} against {exact}", q * 100.0);
         }
     }

@@ -281,7 +281,9 @@ impl State {
             return;
         }
         p.requested = true;
-        let lost = rda::decode(&self.shape.rda, &up.rda, &down.rda).lost;
+        // U's packets are U's to confirm (it answers for those it has); D's are in its cache.
+        let seen = |sign: i64, id: u64| sign < 0 || self.cache.get(interval, id).is_some();
+        let lost = rda::decode(&self.shape.rda, &up.rda, &down.rda, seen).lost;
         if !lost.is_empty() {
             p.awaiting = true;
             let _ = self.link.outgoing.try_send(Message::Request { interval, ids: lost });

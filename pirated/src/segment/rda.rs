@@ -31,18 +31,22 @@ pub fn record(shape: &RdaShape, packets: &[(u64, u64)]) -> Vec<RdaBucket> {
     rda
 }
 
-/// Peels `down - up` (Alg. 1).
-pub fn decode(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket]) -> Decoded {
+/// Peels `down - up` (Alg. 1), each packet only where `seen(sign, id)` says the point it would
+/// be at has it (sign −1: U, a packet D lacks; +1: D, one U lacks). A bucket of several packets
+/// whose XOR hashes back to it passes for pure about one in `buckets` times and would peel a
+/// packet that is not there, which can feed itself: after a restart, an overloaded table listed
+/// 7 964 lost and 8 185 extra packets of an interval of 1 194. A packet neither point has is
+/// left in its buckets, which stay unusable: the decode is then incomplete, never wrong.
+pub fn decode(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket], seen: impl Fn(i64, u64) -> bool) -> Decoded {
     let mut diff: Vec<(u64, i64)> =
         up.iter().zip(down).map(|(u, d)| (u.id_xor ^ d.id_xor, d.count - u.count)).collect();
     let pure = |diff: &[(u64, i64)], i: usize| {
         let (id, count) = diff[i];
-        count.abs() == 1 && shape.bucket(i as u32 / shape.buckets, id) == i as u32
+        count.abs() == 1 && shape.bucket(i as u32 / shape.buckets, id) == i as u32 && seen(count, id)
     };
     let mut stack: Vec<usize> = (0..diff.len()).filter(|&i| pure(&diff, i)).collect();
     let mut out = Decoded::default();
-    // A bucket of several packets whose XOR hashes back to it passes for pure (about one in
-    // `buckets`) and peels a packet that is not there, which can feed itself: a real difference
+    // And where `seen` cannot tell (D asking U for the packets only U saw), a real difference
     // never lists more packets than the subtraction has buckets.
     let most = diff.len();
     while let Some(i) = stack.pop() {
@@ -161,7 +165,11 @@ mod tests {
         let (mut up, mut down) = (record(&shape, &up_packets), record(&shape, &down_packets));
         let (up_cache, down_cache): (HashMap<u64, u64>, HashMap<u64, u64>) =
             (up_packets.into_iter().collect(), down_packets.into_iter().collect());
-        let decoded = decode(&shape, &up, &down);
+        let seen = |sign: i64, id: u64| match sign {
+            1 => down_cache.contains_key(&id),
+            _ => up_cache.contains_key(&id),
+        };
+        let decoded = decode(&shape, &up, &down, seen);
         assert_eq!(decoded, Decoded { lost: vec![id(13)], reordered: vec![id(7)], complete: true });
         assert_eq!(remove(&shape, &mut up, &decoded.lost, |id| up_cache.get(&id).copied()), 0);
         assert_eq!(remove(&shape, &mut down, &decoded.reordered, |id| down_cache.get(&id).copied()), 0);
@@ -169,5 +177,33 @@ mod tests {
         // Delays 100 + id over the 38 packets both saw.
         let truth = (1..=40u64).filter(|&i| i != 7 && i != 13).map(|i| 100 + i).sum::<u64>() as f64 / 38.0;
         assert_eq!((e.figures.mean, e.samples, e.usable), (Some(truth), 76, 1.0));
+    }
+
+    /// More differences than the table decodes (overloaded, or two points' records of
+    /// different packets): whatever passes for pure, only packets a point lacks of the other are
+    /// listed; without that check, packets neither has are, at some loads.
+    #[test]
+    fn an_overloaded_table_lists_only_packets_the_points_have() {
+        let shape = RdaShape { buckets: 64, banks: 2 };
+        let id = |i: u64| (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mut false_blind = 0;
+        for shift in (20..=400).step_by(20) {
+            let up_ids: Vec<(u64, u64)> = (0..1000).map(|i| (id(i), i)).collect();
+            let down_ids: Vec<(u64, u64)> = (shift..1000 + shift).map(|i| (id(i), i)).collect();
+            let (up, down) = (record(&shape, &up_ids), record(&shape, &down_ids));
+            let (up_set, down_set): (HashMap<u64, u64>, HashMap<u64, u64>) =
+                (up_ids.iter().copied().collect(), down_ids.iter().copied().collect());
+            let seen = |sign: i64, id: u64| match sign {
+                1 => down_set.contains_key(&id) && !up_set.contains_key(&id),
+                _ => up_set.contains_key(&id) && !down_set.contains_key(&id),
+            };
+            let decoded = decode(&shape, &up, &down, seen);
+            assert!(decoded.lost.iter().all(|i| up_set.contains_key(i) && !down_set.contains_key(i)), "{shift}");
+            assert!(decoded.reordered.iter().all(|i| down_set.contains_key(i) && !up_set.contains_key(i)), "{shift}");
+            let blind = decode(&shape, &up, &down, |_, _| true);
+            let real = |i: &&u64| up_set.contains_key(i) != down_set.contains_key(i);
+            false_blind += blind.lost.iter().chain(&blind.reordered).filter(|i| !real(i)).count();
+        }
+        assert!(false_blind > 0, "no false listing without the check at any load: the test shows nothing");
     }
 }

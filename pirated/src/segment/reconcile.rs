@@ -130,7 +130,11 @@ fn repaired(
     down: &mut [pirate_common::segment::rda::RdaBucket],
     caches: &impl Caches,
 ) -> RdaFigures {
-    let decoded = rda::decode(shape, up, down);
+    // A packet only U saw is U's to confirm, or D's next interval's (it arrived late).
+    let decoded = rda::decode(shape, up, down, |sign, id| match sign {
+        1 => caches.down(id).is_some(),
+        _ => caches.up(id).is_some() || caches.down_next(id).is_some(),
+    });
     let mut exact = Vec::new();
     let mut figures =
         RdaFigures { decoded: decoded.complete, extra: decoded.reordered.len() as u64, ..Default::default() };

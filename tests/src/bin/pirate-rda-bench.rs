@@ -72,7 +72,11 @@ fn main() -> Result<()> {
             let interval = Interval::new(spec, 0x5244_4100 + i as u64, 0x2d5 + run);
             let error = |value: Option<f64>, truth: f64| (value.unwrap_or(f64::NAN) - truth).abs() / truth;
             let (mut up, mut down) = (rda::record(&rda_shape, &interval.up), rda::record(&rda_shape, &interval.down));
-            let decoded = decode(&rda_shape, &up, &down);
+            // Each point confirms what it has, as reconcile's caches do.
+            let ids = |packets: &[(u64, u64)]| -> HashSet<u64> { packets.iter().map(|p| p.0).collect() };
+            let (up_ids, down_ids) = (ids(&interval.up), ids(&interval.down));
+            let seen = |sign: i64, id: u64| if sign > 0 { down_ids.contains(&id) } else { up_ids.contains(&id) };
+            let decoded = decode(&rda_shape, &up, &down, seen);
             // Each point's cache, for the packets asked for.
             let cache = |packets: &[(u64, u64)], wanted: &[u64]| -> HashMap<u64, u64> {
                 let wanted: HashSet<u64> = wanted.iter().copied().collect();
@@ -80,9 +84,8 @@ fn main() -> Result<()> {
             };
             let (up_cache, down_cache) =
                 (cache(&interval.up, &decoded.lost), cache(&interval.down, &decoded.reordered));
-            // A listed identity no cache holds was no packet (a bucket that passed for pure).
-            let unknown = remove(&rda_shape, &mut up, &decoded.lost, |id| up_cache.get(&id).copied())
-                + remove(&rda_shape, &mut down, &decoded.reordered, |id| down_cache.get(&id).copied());
+            remove(&rda_shape, &mut up, &decoded.lost, |id| up_cache.get(&id).copied());
+            remove(&rda_shape, &mut down, &decoded.reordered, |id| down_cache.get(&id).copied());
             let r = rda::estimate(&rda_shape, &up, &down, &[]);
             let l = lda::estimate(
                 &lda_shape,
@@ -92,7 +95,7 @@ fn main() -> Result<()> {
             Run {
                 decoded: match d {
                     0 => 1.0,
-                    _ => (decoded.lost.len() + decoded.reordered.len()) as f64 / d as f64 - unknown as f64 / d as f64,
+                    _ => (decoded.lost.len() + decoded.reordered.len()) as f64 / d as f64,
                 },
                 rda: (error(r.figures.mean, interval.mean), error(r.figures.std_dev, interval.std_dev)),
                 lda: (error(l.figures.mean, interval.mean), error(l.figures.std_dev, interval.std_dev)),

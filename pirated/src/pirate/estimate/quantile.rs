@@ -329,10 +329,7 @@ mod tests {
         assert!((buckets[bounds.len()] - 1010.0).abs() < 1e-9, "{}", buckets[bounds.len()]);
         assert!(buckets.windows(2).all(|w| w[1] >= w[0] - 1e-9));
         for q in quantiles(&spans, &QUANTILES) {
-            let rank = q.q * 1010.0;
-            let j = buckets.partition_point(|&c| c < rank);
-            let (lo, below) = if j == 0 { (0.0, 0.0) } else { (bounds[j - 1], buckets[j - 1]) };
-            let read = lo + (bounds[j] - lo) * (rank - below) / (buckets[j] - below);
+            let read = crate::histogram::read_at_rank(&bounds, &buckets, q.q * 1010.0);
             assert!((read / q.estimate_ns - 1.0).abs() < 0.01, "p{}: {read} against {q:?}", q.q * 100.0);
         }
     }

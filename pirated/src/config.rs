@@ -46,7 +46,7 @@ pub struct MetricsConfig {
     pub max_servers: u32,
     /// Epochs without a figure after which a server's series are removed.
     pub idle_epochs: u32,
-    /// A latency histogram per server (643 series each), which sums across pirateds.
+    /// A latency histogram per server (644 series each), which sums across pirateds.
     pub histograms: bool,
 }
 

@@ -22,7 +22,7 @@ struct Inner {
 /// Buckets a factor of two is cut into, in the histograms meant to sum across pirateds: 2.2 %
 /// apart, a fifth of a Pirate mode's width or less, so that within a bucket the distribution is
 /// nearly linear and a quantile read off the buckets as `histogram_quantile` does lies within 1 %
-/// of the estimate's (16 a factor of two read a skewed mode's median 1.3 % off).
+/// of the estimate's (16 a factor of two do not, for a skewed mode's median).
 pub const PER_OCTAVE: i32 = 32;
 /// Their lowest bound: 2⁻¹⁷ s, 7.6 µs.
 pub const LOWEST_OCTAVE: i32 = -17;

@@ -34,8 +34,7 @@ pub fn record(shape: &RdaShape, packets: &[(u64, u64)]) -> Vec<RdaBucket> {
 /// Peels `down - up` (Alg. 1), each packet only where `seen(sign, id)` says the point it would
 /// be at has it (sign −1: U, a packet D lacks; +1: D, one U lacks). A bucket of several packets
 /// whose XOR hashes back to it passes for pure about one in `buckets` times and would peel a
-/// packet that is not there, which can feed itself: after a restart, an overloaded table listed
-/// 7 964 lost and 8 185 extra packets of an interval of 1 194. A packet neither point has is
+/// packet that is not there, which can feed itself (docs/method.md). A packet no point has is
 /// left in its buckets, which stay unusable: the decode is then incomplete, never wrong.
 pub fn decode(shape: &RdaShape, up: &[RdaBucket], down: &[RdaBucket], seen: impl Fn(i64, u64) -> bool) -> Decoded {
     let mut diff: Vec<(u64, i64)> =

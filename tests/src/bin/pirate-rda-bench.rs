@@ -8,7 +8,7 @@
 //! ten times with the packets hashed anew; printed: the share of the set difference RDA's decode
 //! listed (packets it really held), and each method's mean relative error of the mean and the standard deviation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use anyhow::Result;
 use clap::Parser;
@@ -72,18 +72,12 @@ fn main() -> Result<()> {
             let interval = Interval::new(spec, 0x5244_4100 + i as u64, 0x2d5 + run);
             let error = |value: Option<f64>, truth: f64| (value.unwrap_or(f64::NAN) - truth).abs() / truth;
             let (mut up, mut down) = (rda::record(&rda_shape, &interval.up), rda::record(&rda_shape, &interval.down));
-            // Each point confirms what it has, as reconcile's caches do.
-            let ids = |packets: &[(u64, u64)]| -> HashSet<u64> { packets.iter().map(|p| p.0).collect() };
-            let (up_ids, down_ids) = (ids(&interval.up), ids(&interval.down));
-            let seen = |sign: i64, id: u64| if sign > 0 { down_ids.contains(&id) } else { up_ids.contains(&id) };
+            // Each point's full cache: it confirms what the decode lists, and stamps it.
+            let cache = |packets: &[(u64, u64)]| -> HashMap<u64, u64> { packets.iter().copied().collect() };
+            let (up_cache, down_cache) = (cache(&interval.up), cache(&interval.down));
+            let seen =
+                |sign: i64, id: u64| if sign > 0 { down_cache.contains_key(&id) } else { up_cache.contains_key(&id) };
             let decoded = decode(&rda_shape, &up, &down, seen);
-            // Each point's cache, for the packets asked for.
-            let cache = |packets: &[(u64, u64)], wanted: &[u64]| -> HashMap<u64, u64> {
-                let wanted: HashSet<u64> = wanted.iter().copied().collect();
-                packets.iter().copied().filter(|(id, _)| wanted.contains(id)).collect()
-            };
-            let (up_cache, down_cache) =
-                (cache(&interval.up, &decoded.lost), cache(&interval.down, &decoded.reordered));
             remove(&rda_shape, &mut up, &decoded.lost, |id| up_cache.get(&id).copied());
             remove(&rda_shape, &mut down, &decoded.reordered, |id| down_cache.get(&id).copied());
             let r = rda::estimate(&rda_shape, &up, &down, &[]);

@@ -95,8 +95,7 @@ impl Numbering {
 /// Each estimator's figures per server, in address order (a server appears for an estimator
 /// with a figure for any of its flows), from the numberings of consecutive shares of `flows`
 /// (in order) and each flow's server's number (`Estimates::server`), with histograms where
-/// `histograms` (a few searches a span: as much again as the rest at a million flows). The spans
-/// are written into `spans`' memory.
+/// `histograms` (a few searches a span). The spans are written into `spans`' memory.
 pub fn per_server(
     shares: &[Numbering],
     flows: &[FlowEpoch],
@@ -177,7 +176,7 @@ pub fn per_server(
     unsafe { spans.set_len(total) };
 
     let spans = &spans[..];
-    let bounds: Vec<f64> = if histograms { histogram_bounds_ns().collect() } else { Vec::new() };
+    let bounds: Option<Vec<f64>> = histograms.then(|| histogram_bounds_ns().collect());
     let listed: Vec<_> = servers.into_iter().zip(ranges).collect();
     let both = crate::parallel::map(&listed, |((server, g), ranges)| {
         std::array::from_fn::<_, 2, _>(|k| {
@@ -188,10 +187,9 @@ pub fn per_server(
                 flows: s.flows,
                 batches: s.batches,
                 quantiles: quantile::quantiles(&spans[ranges[k].clone()], &QUANTILES),
-                at_or_below: match histograms {
-                    true => quantile::at_or_below(&spans[ranges[k].clone()], &bounds),
-                    false => Vec::new(),
-                },
+                at_or_below: bounds
+                    .as_ref()
+                    .map_or_else(Vec::new, |b| quantile::at_or_below(&spans[ranges[k].clone()], b)),
             })
         })
     });
